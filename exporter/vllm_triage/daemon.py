@@ -1,0 +1,187 @@
+"""The serving process: source loops feed the store, a tick loop evaluates and prepares outlets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from .capture import CaptureWriter, demo_capture_path, read_readings
+from .config import Config
+from .diagnosis.engine import Engine
+from .exposition import Exposition
+from .model import Reading, Snapshot
+from .server import make_app
+from .sources.process import ProcessSource
+from .sources.vllm import VllmSource
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(config: Config) -> tuple[Engine, Store]:
+    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs)
+    # Keep a little more than the longest window so edge frames are always present.
+    store = Store(horizon_seconds=engine.horizon_seconds + 4 * config.scrape_interval_seconds)
+    return engine, store
+
+
+class Daemon:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time, recorder: CaptureWriter | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.engine, self.store = build_engine(config)
+        self.exposition = Exposition(config.conditions)
+        self.recorder = recorder
+        self.snapshot: Snapshot | None = None
+        self.diagnosis_json = b""
+        self._stop = asyncio.Event()
+
+    # --- outlets (read by server.py) ---
+    def metrics_body(self, openmetrics: bool) -> bytes:
+        return self.exposition.openmetrics if openmetrics else self.exposition.text
+
+    # --- pipeline ---
+    def ingest(self, reading: Reading) -> None:
+        self.store.add(reading)
+        if self.recorder is not None:
+            self.recorder.write(reading)
+
+    def tick(self) -> Snapshot:
+        snapshot = self.engine.evaluate(self.store, self.clock())
+        self.exposition.update(snapshot)
+        self.diagnosis_json = json.dumps(snapshot.to_json(), indent=1).encode()
+        if self.snapshot is None:
+            log.info("first evaluation done: ready")
+        self._log_transitions(self.snapshot, snapshot)
+        self.snapshot = snapshot
+        return snapshot
+
+    @staticmethod
+    def _log_transitions(before: Snapshot | None, after: Snapshot) -> None:
+        previous = {v.condition: v.state for v in before.verdicts} if before else {}
+        for verdict in after.verdicts:
+            old = previous.get(verdict.condition)
+            if old is not None and old != verdict.state and "active" in (old, verdict.state):
+                log.warning("condition %s: %s -> %s (%s)", verdict.condition, old, verdict.state, verdict.summary)
+
+    async def _every(self, seconds: float, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run `body` every `seconds`; an exception is logged and the loop goes on."""
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                await body()
+            except Exception:
+                log.exception("%s loop failed; continuing", name)
+            delay = max(0.0, seconds - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _tick_once(self) -> None:
+        # Ready means "judged on something": wait for the first reading, ok or failed.
+        if self.store.sources():
+            self.tick()
+
+    async def _demo_loop(self, path: Path) -> None:
+        """Replay a capture at real speed onto the wall clock, looping forever."""
+        readings = list(read_readings(path))
+        if not readings:
+            log.error("demo capture %s has no readings", path)
+            return
+        first, last = readings[0].timestamp, readings[-1].timestamp
+        gap = self.config.scrape_interval_seconds
+        log.info("demo: replaying %s (%d readings, %.0f s) in a loop", path, len(readings), last - first)
+        while not self._stop.is_set():
+            offset = self.clock() - first
+            for reading in readings:
+                delay = reading.timestamp + offset - self.clock()
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                        return
+                    except asyncio.TimeoutError:
+                        pass
+                self.ingest(reading.shifted(offset))
+            await asyncio.sleep(gap)
+
+    async def run(self) -> None:
+        config = self.config
+        app = make_app(self)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, config.listen_host, config.listen_port)
+        await site.start()
+        host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
+        print(f"vllm-triage serving on http://{host}:{config.listen_port}/", flush=True)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+
+        tasks: list[asyncio.Task[None]] = []
+        vllm: VllmSource | None = None
+        if config.demo:
+            path = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
+            tasks.append(asyncio.create_task(self._demo_loop(path)))
+        else:
+            vllm = VllmSource(
+                config.vllm_url,
+                config.metrics_path,
+                config.scrape_timeout_seconds,
+                config.connect_timeout_seconds,
+                config.max_page_bytes,
+                self.clock,
+            )
+            source = vllm
+
+            async def scrape() -> None:
+                self.ingest(await source.collect())
+
+            tasks.append(asyncio.create_task(self._every(config.scrape_interval_seconds, "vllm", scrape)))
+            if config.process_discovery:
+                processes = ProcessSource(config.vllm_port, config.process_title_prefix, self.clock)
+
+                async def discover() -> None:
+                    self.ingest(await asyncio.to_thread(processes.collect))
+
+                tasks.append(asyncio.create_task(self._every(config.process_interval_seconds, "process", discover)))
+        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", self._tick_once)))
+        try:
+            await self._stop.wait()
+        finally:
+            log.info("shutting down")
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if vllm is not None:
+                await vllm.close()
+            if self.recorder is not None:
+                self.recorder.close()
+            await runner.cleanup()
+
+
+def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None]) -> Snapshot | None:
+    """Run the pipeline over recorded readings on a virtual clock, one evaluation per tick."""
+    if not readings:
+        return None
+    engine, store = build_engine(config)
+    now = readings[0].timestamp
+    end = readings[-1].timestamp
+    index = 0
+    snapshot: Snapshot | None = None
+    while now <= end + config.tick_seconds:
+        while index < len(readings) and readings[index].timestamp <= now:
+            store.add(readings[index])
+            index += 1
+        snapshot = engine.evaluate(store, now)
+        on_tick(snapshot)
+        now += config.tick_seconds
+    return snapshot

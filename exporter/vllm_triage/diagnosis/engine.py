@@ -1,0 +1,224 @@
+"""Evaluates the condition table on each tick: signals -> predicates -> debounced verdicts.
+
+Pure and deterministic given the store's contents and `now`; the daemon and replay share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..discovery import Discovery, discover
+from ..model import VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..signals import compute_signals, vllm_window
+from ..store import AGGREGATE_SCOPE, Store
+from .conditions import CONDITIONS, Condition
+from .judge import Judge, Term
+
+
+@dataclass(frozen=True)
+class ConditionSettings:
+    """A condition's defaults merged with the user's overrides (config.py validates them)."""
+
+    enabled: bool
+    for_seconds: float
+    clear_seconds: float
+    window_seconds: float
+    thresholds: dict[str, float]
+
+
+def default_settings(condition: Condition, window_seconds: float) -> ConditionSettings:
+    return ConditionSettings(
+        enabled=True,
+        for_seconds=condition.for_seconds,
+        clear_seconds=condition.clear_seconds,
+        window_seconds=window_seconds,
+        thresholds={t.name: t.default for t in condition.thresholds},
+    )
+
+
+@dataclass
+class _Debounce:
+    """Hysteresis: a predicate must hold for `for_seconds` to activate and fail for
+    `clear_seconds` to clear. Unknown resets both clocks."""
+
+    state: str = "unknown"
+    since: float | None = None
+    pending_since: float | None = None
+    clearing_since: float | None = None
+    cause: str | None = None  # kept while active, so the cause outlives the window's last evidence
+
+    def step(self, raw: bool | None, now: float, settings: ConditionSettings) -> None:
+        if raw is None:
+            self._set("unknown", now)
+            self.pending_since = self.clearing_since = None
+            return
+        if self.state == "active":
+            if raw:
+                self.clearing_since = None
+            else:
+                self.clearing_since = self.clearing_since if self.clearing_since is not None else now
+                if now - self.clearing_since >= settings.clear_seconds:
+                    self._set("inactive", now)
+                    self.clearing_since = None
+            return
+        if raw:
+            self.pending_since = self.pending_since if self.pending_since is not None else now
+            if now - self.pending_since >= settings.for_seconds:
+                self._set("active", now)
+                self.pending_since = None
+            else:
+                self._set("inactive", now)
+        else:
+            self.pending_since = None
+            self._set("inactive", now)
+
+    def _set(self, state: str, now: float) -> None:
+        if state != self.state:
+            self.state = state
+            self.since = now
+
+
+@dataclass
+class _Outcome:
+    raw: bool | None
+    score: float
+    evidence: list[Evidence] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    cause: str | None = None
+    scopes: list[str] = field(default_factory=list)
+
+
+# Conditions whose evidence must say where max_num_seqs came from.
+READS_MAX_NUM_SEQS = frozenset({"client_underload", "queue_backlog"})
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: dict[str, ConditionSettings],
+        window_seconds: float,
+        max_num_seqs: int | None = None,
+        conditions: tuple[Condition, ...] = CONDITIONS,
+    ) -> None:
+        self.conditions = tuple(c for c in conditions if settings[c.id].enabled)
+        self.settings = settings
+        self.window_seconds = window_seconds
+        self.configured_max_num_seqs = max_num_seqs
+        self._debounce = {c.id: _Debounce() for c in self.conditions}
+        self.evaluations = 0
+
+    @property
+    def horizon_seconds(self) -> float:
+        """How much history the store must keep for the longest window."""
+        return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
+
+    def evaluate(self, store: Store, now: float) -> Snapshot:
+        sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
+        health = {s.source: s for s in sources}
+        found = discover(store, self.configured_max_num_seqs)
+        global_signals = {"vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now)}
+
+        by_window: dict[float, dict[str, dict[str, float | None]]] = {}
+
+        def signals_for(window: float) -> dict[str, dict[str, float | None]]:
+            if window not in by_window:
+                view = vllm_window(store, now, window)
+                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs) for scope in view.scopes()}
+                if per_scope:
+                    per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs)
+                by_window[window] = per_scope
+            return by_window[window]
+
+        verdicts = []
+        for condition in self.conditions:
+            settings = self.settings[condition.id]
+            outcome = self._judge(condition, settings, signals_for(settings.window_seconds), global_signals, health, found)
+            debounce = self._debounce[condition.id]
+            debounce.step(outcome.raw, now, settings)
+            if outcome.cause is not None:
+                debounce.cause = outcome.cause
+            elif debounce.state != "active":
+                debounce.cause = None
+            verdicts.append(
+                Verdict(
+                    condition=condition.id,
+                    layer=condition.layer,
+                    severity=condition.severity,
+                    summary=condition.summary,
+                    state=debounce.state,
+                    raw=outcome.raw,
+                    score=outcome.score,
+                    since=debounce.since,
+                    evidence=tuple(outcome.evidence),
+                    next_actions=condition.next_actions,
+                    missing=tuple(outcome.missing),
+                    cause=debounce.cause,
+                    causes=condition.causes,
+                    scopes=tuple(outcome.scopes),
+                )
+            )
+        self.evaluations += 1
+        return Snapshot(
+            timestamp=now,
+            signals=signals_for(self.window_seconds),
+            verdicts=tuple(verdicts),
+            sources=sources,
+            evaluations=self.evaluations,
+            window_seconds=self.window_seconds,
+            discovery=found.to_json(),
+        )
+
+    def _judge(
+        self,
+        condition: Condition,
+        settings: ConditionSettings,
+        per_scope: dict[str, dict[str, float | None]],
+        global_signals: dict[str, float | None],
+        health: dict[str, SourceHealth],
+        found: Discovery,
+    ) -> _Outcome:
+        down = [name for name in condition.sources if health.get(name) is None or not health[name].up]
+        if down:
+            reasons = [
+                f"source {name} is down: {health[name].last_error}"
+                if name in health and health[name].up is False
+                else f"source {name} has no reading yet"
+                for name in down
+            ]
+            return _Outcome(None, 0.0, missing=reasons)
+        if not condition.per_engine:
+            judge = Judge(global_signals, settings.thresholds, "")
+            term = condition.predicate(judge)
+            return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
+        scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
+        if not scopes:
+            return _Outcome(None, 0.0, missing=[f"fewer than two vLLM scrapes in the {settings.window_seconds:.0f} s window"])
+        results: list[tuple[str, Term, Judge]] = []
+        for scope in scopes:
+            judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope)
+            if condition.id in READS_MAX_NUM_SEQS:
+                judge.note(found.max_num_seqs_text, "max_num_seqs", found.max_num_seqs)
+            results.append((scope, condition.predicate(judge), judge))
+        holding = [r for r in results if r[1].holds]
+        if holding:
+            raw: bool | None = True
+            shown = holding
+        elif any(r[1].holds is None for r in results):
+            raw = None
+            shown = [r for r in results if r[1].holds is None]
+        else:
+            raw = False
+            shown = results
+        best = max(shown, key=lambda r: r[1].score)
+        evidence = [e for _, _, judge in shown for e in judge.evidence]
+        missing = sorted({f"{m} ({scope})" if len(scopes) > 1 else m for scope, _, judge in shown for m in judge.missing})
+        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding])
+
+
+def _down_seconds(store: Store, health: SourceHealth, now: float) -> float | None:
+    if health.up is None:
+        return None
+    if health.up:
+        return 0.0
+    failing_since = store.failing_since(VLLM_SOURCE)
+    return max(0.0, now - failing_since) if failing_since is not None else 0.0

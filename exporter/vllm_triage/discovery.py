@@ -1,0 +1,71 @@
+"""Facts about the watched vLLM that its metrics do not carry (max_num_seqs, version, processes),
+resolved from config, then the readings, then vLLM's defaults; each says where it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .model import PROCESS_SOURCE, VLLM_SOURCE
+from .store import Store
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def default_max_num_seqs(version: str | None) -> tuple[int, str]:
+    """vLLM's default max_num_seqs for the OpenAI server. Since ~0.9 vLLM raises it to 1024 on GPUs
+    with >= 70 GiB other than A100 (arg_utils._set_default_args); the sidecar cannot see the GPU
+    size from /metrics, so it assumes 256 and says so."""
+    if version is None:
+        return 256, "vLLM's usual default (version unknown); set max_num_seqs in the config to be sure"
+    if _version_tuple(version) >= (0, 9):
+        return (
+            256,
+            f"vLLM {version}'s default on GPUs under 70 GiB (1024 on H100/H200-class GPUs); set max_num_seqs in the config to be sure",
+        )
+    return 256, f"vLLM {version}'s default"
+
+
+@dataclass(frozen=True)
+class Discovery:
+    max_num_seqs: int
+    max_num_seqs_origin: str  # config | command_line | default
+    max_num_seqs_text: str
+    vllm_version: str | None
+    api_server_args: dict[str, Any]
+    processes: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_seqs_origin": self.max_num_seqs_origin,
+            "max_num_seqs_text": self.max_num_seqs_text,
+            "vllm_version": self.vllm_version,
+            "api_server_args": self.api_server_args,
+            "processes": list(self.processes),
+        }
+
+
+def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
+    vllm = store.latest(VLLM_SOURCE)
+    version = vllm.meta.get("version") if vllm is not None and vllm.ok else None
+    process = store.latest(PROCESS_SOURCE)
+    args: dict[str, Any] = dict(process.meta.get("api_server_args", {})) if process is not None else {}
+    processes = tuple(process.meta.get("processes", ())) if process is not None else ()
+    if configured_max_num_seqs:
+        value, origin = configured_max_num_seqs, "config"
+        text = f"max_num_seqs={value} (from the sidecar config)"
+    elif isinstance(args.get("max_num_seqs"), int):
+        value, origin = args["max_num_seqs"], "command_line"
+        text = f"max_num_seqs={value} (from the vLLM command line, pid {process.meta.get('api_server_pid') if process else '?'})"
+    else:
+        value, why = default_max_num_seqs(version)
+        origin = "default"
+        text = f"max_num_seqs={value} ({why})"
+    return Discovery(value, origin, text, version, args, processes)

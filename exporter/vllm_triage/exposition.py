@@ -1,0 +1,141 @@
+"""Snapshot -> Prometheus exposition, rendered once per snapshot (scrapes serve cached bytes)."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .diagnosis.conditions import CONDITIONS_BY_ID
+from .diagnosis.engine import ConditionSettings
+from .model import Snapshot
+from .signals import SIGNALS
+from .store import AGGREGATE_SCOPE
+
+PREFIX = "vllm_triage"
+WINDOWED = "Windowed over the window_seconds before the last evaluation."
+
+
+def split_scope(scope: str) -> tuple[str, str]:
+    """(model_name, engine) from a `model/engine` scope; model names may contain '/'."""
+    model, _, engine = scope.rpartition("/")
+    return model, engine
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, settings: dict[str, ConditionSettings]) -> None:
+        self.settings = settings
+        self.snapshot: Snapshot | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily(f"{PREFIX}_build_info", "vllm-triage build information.", labels=["version", "python_version"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        yield from self._health(snapshot)
+        yield from self._verdicts(snapshot)
+        yield from self._signals(snapshot)
+
+    def _health(self, snapshot: Snapshot) -> Iterator[Metric]:
+        up = GaugeMetricFamily(f"{PREFIX}_source_up", "1 when the source's last collection succeeded.", labels=["source"])
+        duration = GaugeMetricFamily(f"{PREFIX}_source_collect_duration_seconds", "Duration of the source's last collection.", labels=["source"])
+        errors = CounterMetricFamily(f"{PREFIX}_source_errors", "Failed or degraded collections by reason.", labels=["source", "reason"])
+        last = GaugeMetricFamily(
+            f"{PREFIX}_source_last_success_timestamp_seconds", "Time of the source's last successful collection.", labels=["source"]
+        )
+        for health in snapshot.sources:
+            up.add_metric([health.source], 1.0 if health.up else 0.0)
+            duration.add_metric([health.source], health.collect_duration_seconds)
+            for reason, count in sorted(health.errors_total.items()):
+                errors.add_metric([health.source, reason], count)
+            if health.last_success_timestamp is not None:
+                last.add_metric([health.source], health.last_success_timestamp)
+        yield from (up, duration, errors, last)
+        evaluations = CounterMetricFamily(f"{PREFIX}_evaluations", "Condition-table evaluations since start.")
+        evaluations.add_metric([], snapshot.evaluations)
+        yield evaluations
+        evaluated = GaugeMetricFamily(f"{PREFIX}_last_evaluation_timestamp_seconds", "Time of the last evaluation.")
+        evaluated.add_metric([], snapshot.timestamp)
+        yield evaluated
+        window = GaugeMetricFamily(f"{PREFIX}_window_seconds", "Default window of the windowed signals.")
+        window.add_metric([], snapshot.window_seconds)
+        yield window
+
+    def _verdicts(self, snapshot: Snapshot) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            f"{PREFIX}_condition_active",
+            "1 while the condition is active (debounced with its for/clear_for durations).",
+            labels=["condition", "layer", "severity"],
+        )
+        unknown = GaugeMetricFamily(f"{PREFIX}_condition_unknown", "1 while the condition cannot be judged (inputs missing).", labels=["condition"])
+        score = GaugeMetricFamily(
+            f"{PREFIX}_condition_score",
+            "How strongly the predicate holds now: 0.5 at its threshold, 1 far past it, 0 far from it.",
+            labels=["condition"],
+        )
+        since = GaugeMetricFamily(f"{PREFIX}_condition_since_timestamp_seconds", "When the condition last changed state.", labels=["condition"])
+        cause = GaugeMetricFamily(
+            f"{PREFIX}_condition_cause", "1 for the cause the condition currently reports, 0 for the others.", labels=["condition", "cause"]
+        )
+        threshold = GaugeMetricFamily(
+            f"{PREFIX}_condition_threshold",
+            "Threshold in force for each condition (defaults or config).",
+            labels=["condition", "threshold"],
+        )
+        for verdict in snapshot.verdicts:
+            active.add_metric([verdict.condition, verdict.layer, verdict.severity], 1.0 if verdict.active else 0.0)
+            unknown.add_metric([verdict.condition], 1.0 if verdict.state == "unknown" else 0.0)
+            score.add_metric([verdict.condition], verdict.score)
+            if verdict.since is not None:
+                since.add_metric([verdict.condition], verdict.since)
+            for name in verdict.causes:
+                cause.add_metric([verdict.condition, name], 1.0 if verdict.active and verdict.cause == name else 0.0)
+            settings = self.settings.get(verdict.condition)
+            if settings is not None and verdict.condition in CONDITIONS_BY_ID:
+                for name, value in sorted(settings.thresholds.items()):
+                    threshold.add_metric([verdict.condition, name], value)
+        yield from (active, unknown, score, since, cause, threshold)
+
+    def _signals(self, snapshot: Snapshot) -> Iterator[Metric]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for signal in SIGNALS:
+            name = f"{PREFIX}_vllm_{signal.family}"
+            if name not in families:
+                extra = [k for k, _ in signal.extra_labels]
+                families[name] = GaugeMetricFamily(name, f"{signal.help} {WINDOWED}", labels=["engine", "model_name", *extra])
+        for scope, values in sorted(snapshot.signals.items()):
+            if scope == AGGREGATE_SCOPE:
+                continue  # per-engine series only: the aggregate would double-count in sum()
+            model, engine = split_scope(scope)
+            for signal in SIGNALS:
+                value = values.get(signal.id)
+                if value is not None:
+                    families[f"{PREFIX}_vllm_{signal.family}"].add_metric([engine, model, *(v for _, v in signal.extra_labels)], value)
+        yield from families.values()
+
+
+class Exposition:
+    """Owns the registry; `update()` renders both formats once per snapshot."""
+
+    def __init__(self, settings: dict[str, ConditionSettings]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = SnapshotCollector(settings)
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)  # the sidecar's own process_* (vLLM's are vllm_triage_process_*)
+        PlatformCollector(registry=self.registry)
+        self.text = b""
+        self.openmetrics = b""
+        self.update(None)
+
+    def update(self, snapshot: Snapshot | None) -> None:
+        self.collector.snapshot = snapshot
+        self.text = generate_latest(self.registry)
+        self.openmetrics = generate_openmetrics(self.registry)  # type: ignore[no-untyped-call]

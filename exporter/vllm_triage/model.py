@@ -1,0 +1,189 @@
+"""Plain data passed between the stages: Readings in, Snapshot out.
+
+Everything here is immutable and JSON-friendly so that a capture on disk and the live pipeline
+carry exactly the same values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs sorted by name: hashable, so a series key is (name, labels)."""
+
+SeriesKey = tuple[str, Labels]
+
+# Source names: the `source` label of the health metrics and the key of a Reading.
+VLLM_SOURCE = "vllm"
+PROCESS_SOURCE = "process"
+
+
+def make_labels(labels: dict[str, str]) -> Labels:
+    return tuple(sorted(labels.items()))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one source saw at one moment. `ok=False` readings are kept: they are evidence too."""
+
+    source: str
+    timestamp: float
+    ok: bool
+    samples: dict[SeriesKey, float] = field(default_factory=dict)
+    error: str | None = None
+    error_reason: str | None = None  # bounded vocabulary, used as a metric label
+    duration_seconds: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"source": self.source, "t": self.timestamp, "ok": self.ok}
+        if self.samples:
+            record["samples"] = [[name, dict(labels), value] for (name, labels), value in self.samples.items()]
+        if self.error is not None:
+            record["error"] = self.error
+            record["error_reason"] = self.error_reason
+        if self.duration_seconds:
+            record["duration_seconds"] = self.duration_seconds
+        if self.meta:
+            record["meta"] = self.meta
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> Reading:
+        samples = {
+            (str(name), make_labels({str(k): str(v) for k, v in labels.items()})): float(value) for name, labels, value in record.get("samples", [])
+        }
+        return cls(
+            source=str(record["source"]),
+            timestamp=float(record["t"]),
+            ok=bool(record["ok"]),
+            samples=samples,
+            error=record.get("error"),
+            error_reason=record.get("error_reason"),
+            duration_seconds=float(record.get("duration_seconds", 0.0)),
+            meta=dict(record.get("meta", {})),
+        )
+
+    def shifted(self, offset_seconds: float) -> Reading:
+        """The same reading moved in time (demo replay loops a capture onto the wall clock)."""
+        return Reading(
+            source=self.source,
+            timestamp=self.timestamp + offset_seconds,
+            ok=self.ok,
+            samples=self.samples,
+            error=self.error,
+            error_reason=self.error_reason,
+            duration_seconds=self.duration_seconds,
+            meta=self.meta,
+        )
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    source: str
+    up: bool | None  # None: no reading yet
+    last_error: str | None
+    last_error_reason: str | None
+    last_success_timestamp: float | None
+    collect_duration_seconds: float
+    errors_total: dict[str, int]  # by reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "up": self.up,
+            "last_error": self.last_error,
+            "last_error_reason": self.last_error_reason,
+            "last_success_timestamp": self.last_success_timestamp,
+            "collect_duration_seconds": self.collect_duration_seconds,
+            "errors_total": dict(self.errors_total),
+        }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observed value against the threshold it was judged by, with the sentence a person reads."""
+
+    signal: str
+    value: float | None
+    threshold: float | None
+    comparison: str  # ">=", "<", ... or "" for context-only evidence
+    holds: bool | None
+    text: str
+    scope: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "scope": self.scope,
+            "value": self.value,
+            "comparison": self.comparison,
+            "threshold": self.threshold,
+            "holds": self.holds,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    condition: str
+    layer: str
+    severity: str
+    summary: str
+    state: str  # active | inactive | unknown
+    raw: bool | None  # the predicate this tick, before debouncing
+    score: float
+    since: float | None  # when `state` last changed
+    evidence: tuple[Evidence, ...]
+    next_actions: tuple[str, ...]
+    missing: tuple[str, ...] = ()
+    cause: str | None = None
+    causes: tuple[str, ...] = ()  # every cause this condition can report (stable metric series)
+    scopes: tuple[str, ...] = ()  # engines/models where the predicate holds
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+    def to_json(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "condition": self.condition,
+            "layer": self.layer,
+            "severity": self.severity,
+            "summary": self.summary,
+            "state": self.state,
+            "raw": self.raw,
+            "score": round(self.score, 4),
+            "since": self.since,
+            "evidence": [e.to_json() for e in self.evidence],
+            "next_actions": list(self.next_actions),
+            "missing_inputs": list(self.missing),
+            "scopes": list(self.scopes),
+        }
+        if self.causes:
+            record["cause"] = self.cause
+        return record
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the outlets show, computed once per tick."""
+
+    timestamp: float
+    signals: dict[str, dict[str, float | None]]  # scope -> signal -> value
+    verdicts: tuple[Verdict, ...]
+    sources: tuple[SourceHealth, ...]
+    evaluations: int
+    window_seconds: float
+    discovery: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp,
+            "window_seconds": self.window_seconds,
+            "evaluations": self.evaluations,
+            "conditions": [v.to_json() for v in self.verdicts],
+            "sources": {s.source: s.to_json() for s in self.sources},
+            "signals": self.signals,
+            "discovery": self.discovery,
+        }

@@ -1,0 +1,62 @@
+"""Terminal renderings of snapshots: the on-call report (diagnose) and the verdict timeline (replay)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from .model import Snapshot, Verdict
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _when(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _holding(verdict: Verdict) -> bool:
+    return verdict.active or verdict.raw is True
+
+
+def format_report(snapshot: Snapshot, target: str) -> str:
+    lines = [
+        f"vllm-triage diagnosis of {target}",
+        f"  at {_when(snapshot.timestamp)}, over the last {snapshot.window_seconds:.0f} s",
+    ]
+    version = snapshot.discovery.get("vllm_version")
+    lines.append(f"  vLLM version: {version or 'unknown'}; {snapshot.discovery.get('max_num_seqs_text', '')}")
+    for health in snapshot.sources:
+        state = "up" if health.up else ("down" if health.up is False else "no reading")
+        detail = f" (last error: {health.last_error})" if health.last_error and not health.up else ""
+        lines.append(f"  source {health.source}: {state}{detail}")
+    holding = sorted((v for v in snapshot.verdicts if _holding(v)), key=lambda v: (SEVERITY_ORDER.get(v.severity, 9), -v.score))
+    unknown = [v for v in snapshot.verdicts if v.state == "unknown"]
+    clear = [v for v in snapshot.verdicts if not _holding(v) and v.state != "unknown"]
+    lines.append("")
+    if holding:
+        lines.append("WHAT IS WRONG (most severe first)")
+        for v in holding:
+            cause = f" [cause: {v.cause}]" if v.cause else ""
+            engines = f" on {', '.join(v.scopes)}" if v.scopes else ""
+            lines.append(f"  [{v.severity}] {v.condition}{cause}{engines}: {v.summary}")
+            lines.append("    evidence:")
+            lines.extend(f"      - {e.text}" + (f" [{e.scope}]" if e.scope and len(v.scopes) > 1 else "") for e in v.evidence)
+            lines.append("    next actions:")
+            lines.extend(f"      - {action}" for action in v.next_actions)
+    else:
+        lines.append("NOTHING WRONG FOUND among the conditions that could be judged.")
+    if unknown:
+        lines.append("")
+        lines.append("COULD NOT JUDGE")
+        for v in unknown:
+            lines.append(f"  {v.condition}: missing {', '.join(v.missing) or 'inputs'}")
+    if clear:
+        lines.append("")
+        lines.append("NOT HOLDING: " + ", ".join(v.condition for v in clear))
+    return "\n".join(lines) + "\n"
+
+
+def format_transition(start: float, now: float, before: str | None, verdict: Verdict) -> str:
+    cause = f" cause={verdict.cause}" if verdict.cause and verdict.active else ""
+    first = next((e.text for e in verdict.evidence if e.holds), "")
+    detail = f"  ({first})" if verdict.active and first else ""
+    return f"+{now - start:7.1f}s  {verdict.condition:<28} {before or '-':>8} -> {verdict.state:<8} score={verdict.score:.2f}{cause}{detail}"

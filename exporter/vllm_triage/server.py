@@ -1,0 +1,96 @@
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis. Handlers only read prepared bytes."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import json
+from typing import Protocol
+
+from aiohttp import web
+
+from .model import Snapshot
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+class Outlets(Protocol):
+    """What the daemon prepares once per tick for the handlers."""
+
+    snapshot: Snapshot | None
+    diagnosis_json: bytes
+
+    def metrics_body(self, openmetrics: bool) -> bytes: ...
+
+
+class _Gzipped:
+    """gzip of the current body, computed at most once per body (Prometheus asks for gzip)."""
+
+    def __init__(self) -> None:
+        self._source: bytes | None = None
+        self._compressed = b""
+
+    def __call__(self, body: bytes) -> bytes:
+        if body is not self._source:
+            self._source = body
+            self._compressed = gzip.compress(body, compresslevel=1)
+        return self._compressed
+
+
+def make_app(outlets: Outlets) -> web.Application:
+    gzipped = {False: _Gzipped(), True: _Gzipped()}
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+        body = outlets.metrics_body(openmetrics)
+        headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            headers["Content-Encoding"] = "gzip"
+            body = gzipped[openmetrics](body)
+        return web.Response(body=body, headers=headers)
+
+    async def healthz(_: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.StreamResponse:
+        if outlets.snapshot is None:
+            return web.Response(status=503, text="starting: no evaluation yet\n")
+        return web.Response(text="ready\n")
+
+    async def diagnosis(_: web.Request) -> web.StreamResponse:
+        if outlets.snapshot is None:
+            body = json.dumps({"status": "starting", "detail": "no evaluation yet"}).encode()
+            return web.Response(status=503, body=body, content_type="application/json")
+        return web.Response(body=outlets.diagnosis_json, content_type="application/json")
+
+    async def index(_: web.Request) -> web.StreamResponse:
+        return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/diagnosis", diagnosis)
+    return app
+
+
+def landing_page(snapshot: Snapshot | None) -> str:
+    rows = ""
+    if snapshot is not None:
+        for v in snapshot.verdicts:
+            rows += f"<tr><td>{html.escape(v.condition)}</td><td>{v.state}</td><td>{v.severity}</td><td>{html.escape(v.summary)}</td></tr>"
+    status = "" if snapshot is not None else "<p>Starting: no evaluation yet.</p>"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>vllm-triage</title></head>
+<body><h1>vllm-triage</h1>
+<p>Why is this vLLM slow? Endpoints:</p>
+<ul>
+<li><a href="metrics">/metrics</a> Prometheus metrics (OpenMetrics when asked)</li>
+<li><a href="diagnosis">/diagnosis</a> every condition with state, evidence and next actions (JSON)</li>
+<li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
+</ul>{status}
+<table border="1" cellpadding="4"><tr><th>condition</th><th>state</th><th>severity</th><th>summary</th></tr>{rows}</table>
+</body></html>
+"""

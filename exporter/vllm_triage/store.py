@@ -1,0 +1,141 @@
+"""Ring buffers of Readings per source, indexed once on arrival so that window math is cheap.
+
+The store also keeps each source's health (up, last error, cumulative error counts by reason);
+it is derived from the Readings alone, so a replay reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+from .model import Labels, Reading, SourceHealth
+
+AGGREGATE_SCOPE = "all"
+
+
+def scope_of(labels: Labels) -> str:
+    """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0").
+    Series without a model_name (cache_config_info) get `/engine` and belong to every model there."""
+    model = ""
+    engine = "0"
+    for key, value in labels:
+        if key == "model_name":
+            model = value
+        elif key == "engine":
+            engine = value
+    return f"{model}/{engine}"
+
+
+def in_scope(series_scope: str, scope: str) -> bool:
+    if scope == AGGREGATE_SCOPE or series_scope == scope:
+        return True
+    return series_scope.startswith("/") and scope.endswith(series_scope)
+
+
+@dataclass(frozen=True)
+class Series:
+    scope: str
+    labels: Labels
+    value: float
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One ok Reading, its samples grouped by metric name."""
+
+    timestamp: float
+    by_name: dict[str, tuple[Series, ...]]
+    meta: dict[str, object]
+
+    @classmethod
+    def from_reading(cls, reading: Reading) -> Frame:
+        grouped: dict[str, list[Series]] = {}
+        for (name, labels), value in reading.samples.items():
+            grouped.setdefault(name, []).append(Series(scope_of(labels), labels, value))
+        return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, reading.meta)
+
+
+class _SourceState:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.frames: deque[Frame] = deque()
+        self.timestamps: deque[float] = deque()
+        self.latest: Reading | None = None
+        self.last_success: float | None = None
+        self.failing_since: float | None = None  # start of the current run of failed readings
+        self.last_error: str | None = None
+        self.last_error_reason: str | None = None
+        self.errors_total: dict[str, int] = {}
+
+
+class Store:
+    """Keeps `horizon_seconds` of frames per source; older frames are dropped as new ones arrive."""
+
+    def __init__(self, horizon_seconds: float, max_frames: int = 5000) -> None:
+        self.horizon_seconds = horizon_seconds
+        self.max_frames = max_frames
+        self._sources: dict[str, _SourceState] = {}
+
+    def add(self, reading: Reading) -> None:
+        state = self._sources.get(reading.source)
+        if state is None:
+            state = self._sources[reading.source] = _SourceState(reading.source)
+        if state.latest is not None and reading.timestamp < state.latest.timestamp:
+            # A capture can hold readings slightly out of order; keep windows monotonic.
+            return
+        state.latest = reading
+        if reading.error_reason:
+            state.errors_total[reading.error_reason] = state.errors_total.get(reading.error_reason, 0) + 1
+            state.last_error = reading.error
+            state.last_error_reason = reading.error_reason
+        if reading.ok:
+            state.failing_since = None
+            state.last_success = reading.timestamp
+            state.frames.append(Frame.from_reading(reading))
+            state.timestamps.append(reading.timestamp)
+        elif state.failing_since is None:
+            state.failing_since = reading.timestamp
+        cutoff = reading.timestamp - self.horizon_seconds
+        while state.frames and (state.timestamps[0] < cutoff or len(state.frames) > self.max_frames):
+            state.frames.popleft()
+            state.timestamps.popleft()
+
+    def sources(self) -> list[str]:
+        return sorted(self._sources)
+
+    def latest(self, source: str) -> Reading | None:
+        state = self._sources.get(source)
+        return state.latest if state else None
+
+    def last_success(self, source: str) -> float | None:
+        state = self._sources.get(source)
+        return state.last_success if state else None
+
+    def failing_since(self, source: str) -> float | None:
+        state = self._sources.get(source)
+        return state.failing_since if state else None
+
+    def window(self, source: str, start: float, end: float) -> list[Frame]:
+        """Ok frames with start <= timestamp <= end, oldest first."""
+        state = self._sources.get(source)
+        if state is None:
+            return []
+        lo = bisect.bisect_left(state.timestamps, start)
+        hi = bisect.bisect_right(state.timestamps, end)
+        return [state.frames[i] for i in range(lo, hi)]
+
+    def health(self, source: str) -> SourceHealth:
+        state = self._sources.get(source)
+        if state is None or state.latest is None:
+            return SourceHealth(source, None, None, None, None, 0.0, {})
+        return SourceHealth(
+            source=source,
+            up=state.latest.ok,
+            last_error=state.last_error,
+            last_error_reason=state.last_error_reason,
+            last_success_timestamp=state.last_success,
+            collect_duration_seconds=state.latest.duration_seconds,
+            errors_total=dict(state.errors_total),
+        )

@@ -1,0 +1,80 @@
+"""Hand-written vLLM /metrics pages for unit tests, in today's names or V0's.
+
+They carry only the families the conditions read; the real 0.32.0 pages are in ../shared/fixtures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_triage.model import VLLM_SOURCE, Reading
+from vllm_triage.sources.vllm import parse_page
+
+TTFT_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Counters:
+    """Cumulative counters of a fake engine; tests advance them between pages."""
+
+    preemptions: float = 0.0
+    finished: float = 0.0
+    errors: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    ttft: list[float] = field(default_factory=list)  # every observation so far
+
+
+def page(
+    running: float,
+    waiting: float,
+    kv: float,
+    c: Counters,
+    v0: bool = False,
+    model: str = "m",
+    engine: str = "0",
+    blocks: int = 1000,
+    block_size: int = 16,
+) -> str:
+    labels = f'model_name="{model}"' if v0 else f'engine="{engine}",model_name="{model}"'
+    kv_name = "vllm:gpu_cache_usage_perc" if v0 else "vllm:kv_cache_usage_perc"
+    lines = [
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {running}",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {waiting}",
+        f"# TYPE {kv_name} gauge",
+        f"{kv_name}{{{labels}}} {kv}",
+        "# TYPE vllm:num_preemptions counter",
+        f"vllm:num_preemptions_total{{{labels}}} {c.preemptions}",
+        f"vllm:num_preemptions_created{{{labels}}} 1.7e9",
+        "# TYPE vllm:request_success counter",
+        f'vllm:request_success_total{{{labels},finished_reason="stop"}} {c.finished - c.errors}',
+        f'vllm:request_success_total{{{labels},finished_reason="error"}} {c.errors}',
+        "# TYPE vllm:prompt_tokens counter",
+        f"vllm:prompt_tokens_total{{{labels}}} {c.prompt_tokens}",
+        "# TYPE vllm:generation_tokens counter",
+        f"vllm:generation_tokens_total{{{labels}}} {c.generation_tokens}",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+    ]
+    for bound in TTFT_BOUNDS:
+        count = sum(1 for x in c.ttft if x <= bound)
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} {count}')
+    lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {len(c.ttft)}')
+    lines.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} {sum(c.ttft)}")
+    lines.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} {len(c.ttft)}")
+    if not v0:
+        lines.append("# TYPE vllm:cache_config_info gauge")
+        lines.append(
+            f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="{engine}",num_gpu_blocks="{blocks}"}} 1.0'
+        )
+    return "\n".join(lines) + "\n"
+
+
+def reading(t: float, text: str) -> Reading:
+    samples, facts = parse_page(text)
+    return Reading(VLLM_SOURCE, t, True, samples, meta=facts)
+
+
+def failed(t: float, reason: str = "connect") -> Reading:
+    return Reading(VLLM_SOURCE, t, False, error=f"cannot reach vLLM ({reason})", error_reason=reason)

@@ -1,0 +1,144 @@
+"""/metrics, /diagnosis, /healthz, /readyz and / as a scraper and a person see them."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+from vllm_triage.config import load
+from vllm_triage.daemon import Daemon
+from vllm_triage.diagnosis.conditions import CONDITIONS
+from vllm_triage.server import make_app
+
+from .pages import Counters, failed, page, reading
+from .test_vllm_source import free_port
+
+
+def serve_and_get(daemon: Daemon, requests: list[tuple[str, dict[str, str]]]):
+    async def body():
+        runner = web.AppRunner(make_app(daemon))
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        out = []
+        try:
+            async with aiohttp.ClientSession(auto_decompress=False) as session:
+                for path, headers in requests:
+                    # aiohttp asks for gzip by default; a plain scraper may not
+                    headers = {"Accept-Encoding": "identity", **headers}
+                    async with session.get(f"http://127.0.0.1:{port}{path}", headers=headers) as response:
+                        out.append((response.status, dict(response.headers), await response.read()))
+        finally:
+            await runner.cleanup()
+        return out
+
+    return asyncio.run(body())
+
+
+def saturated_daemon() -> Daemon:
+    clock = {"t": 0.0}
+    config = load(env={}, flags={"max_num_seqs": "64"})
+    daemon = Daemon(config, clock=lambda: clock["t"])
+    c = Counters()
+    for i in range(40):
+        clock["t"] = i * 2.0
+        c.preemptions += 4
+        c.finished += 2
+        daemon.ingest(reading(clock["t"], page(60, 12, 1.0, c)))
+        daemon.tick()
+    return daemon
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_before_first_evaluation_and_readyz():
+    daemon = Daemon(load(env={}))
+    (metrics, ready, health, diagnosis) = serve_and_get(daemon, [("/metrics", {}), ("/readyz", {}), ("/healthz", {}), ("/diagnosis", {})])
+    assert metrics[0] == 200 and b"vllm_triage_build_info" in metrics[2]
+    assert ready[0] == 503 and health[0] == 200
+    assert diagnosis[0] == 503 and json.loads(diagnosis[2])["status"] == "starting"
+
+
+def test_metrics_carry_verdicts_signals_and_health():
+    daemon = saturated_daemon()
+    ((status, headers, body), ready) = serve_and_get(daemon, [("/metrics", {}), ("/readyz", {})])
+    assert status == 200 and ready[0] == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    got = families(body.decode())
+    active = {s.labels["condition"]: s for s in got["vllm_triage_condition_active"].samples}
+    assert set(active) == {c.id for c in CONDITIONS}  # every condition, ids exactly as the table
+    assert active["kv_cache_saturated"].value == 1.0
+    assert active["kv_cache_saturated"].labels == {"condition": "kv_cache_saturated", "layer": "1", "severity": "critical"}
+    assert active["request_errors"].value == 0.0
+    causes = {(s.labels["condition"], s.labels["cause"]): s.value for s in got["vllm_triage_condition_cause"].samples}
+    assert causes[("queue_backlog", "kv_capacity")] == 1.0 and causes[("queue_backlog", "unknown")] == 0.0
+    kv = {s.labels["stat"]: s.value for s in got["vllm_triage_vllm_kv_cache_usage_ratio"].samples}
+    assert kv["mean"] == 1.0
+    assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples} == {"vllm": 1.0}
+    thresholds = {(s.labels["condition"], s.labels["threshold"]): s.value for s in got["vllm_triage_condition_threshold"].samples}
+    assert thresholds[("kv_cache_saturated", "usage_min")] == 0.95
+    assert "process_resident_memory_bytes" in got  # the sidecar's own footprint
+    # no colons, units in names, HELP says the values are windowed
+    assert all(":" not in name for name in got)
+    assert "Windowed" in got["vllm_triage_vllm_requests_waiting"].documentation
+
+
+def test_openmetrics_and_gzip_when_asked():
+    daemon = saturated_daemon()
+    ((_, om_headers, om_body), (_, gz_headers, gz_body)) = serve_and_get(
+        daemon,
+        [("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"}), ("/metrics", {"Accept-Encoding": "gzip"})],
+    )
+    assert om_headers["Content-Type"].startswith("application/openmetrics-text")
+    assert om_body.rstrip().endswith(b"# EOF")
+    assert gz_headers["Content-Encoding"] == "gzip"
+    assert b"vllm_triage_condition_active" in gzip.decompress(gz_body)
+
+
+def test_diagnosis_json_says_what_why_and_what_next():
+    daemon = saturated_daemon()
+    ((status, _, body),) = serve_and_get(daemon, [("/diagnosis", {})])
+    doc = json.loads(body)
+    assert status == 200
+    kv = next(c for c in doc["conditions"] if c["condition"] == "kv_cache_saturated")
+    assert kv["state"] == "active" and 0.5 < kv["score"] <= 1
+    assert kv["since"] is not None and kv["next_actions"]
+    assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["threshold"] == 0.95 for e in kv["evidence"])
+    backlog = next(c for c in doc["conditions"] if c["condition"] == "queue_backlog")
+    assert backlog["cause"] == "kv_capacity"
+    assert doc["sources"]["vllm"]["up"] is True
+    assert doc["discovery"]["max_num_seqs_origin"] == "config"
+    assert doc["signals"]["m/0"]["requests_waiting_mean"] == 12
+
+
+def test_vllm_down_keeps_metrics_answering_with_unknowns():
+    daemon = saturated_daemon()
+    t0 = daemon.snapshot.timestamp if daemon.snapshot else 0.0
+    for i in range(1, 25):
+        daemon.clock = lambda i=i: t0 + i * 2.0
+        daemon.ingest(failed(t0 + i * 2.0))
+        daemon.tick()
+    ((status, _, body),) = serve_and_get(daemon, [("/metrics", {})])
+    got = families(body.decode())
+    assert status == 200
+    assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples}["vllm"] == 0.0
+    errors = {s.labels["reason"]: s.value for s in got["vllm_triage_source_errors"].samples}
+    assert errors["connect"] == 24
+    active = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_active"].samples}
+    unknown = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_unknown"].samples}
+    assert active["vllm_unreachable"] == 1.0
+    assert active["kv_cache_saturated"] == 0.0 and unknown["kv_cache_saturated"] == 1.0
+
+
+def test_landing_page_links_the_endpoints():
+    ((status, headers, body),) = serve_and_get(saturated_daemon(), [("/", {})])
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    for link in (b'href="metrics"', b'href="diagnosis"', b'href="healthz"', b'href="readyz"'):
+        assert link in body
+    assert b"kv_cache_saturated" in body

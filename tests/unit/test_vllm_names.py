@@ -1,0 +1,97 @@
+"""Name normalisation on the real 0.32.0 captures and on hand-written pages of older versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vllm_triage.sources.vllm import ScrapeError, parse_page
+
+from .pages import Counters, page
+
+# Real captures of vLLM 0.32.0 (copied from shared/fixtures so the repo tests on its own).
+FIXTURES = Path(__file__).resolve().parents[1] / "data"
+
+
+def names(samples):
+    return {name for name, _ in samples}
+
+
+@pytest.mark.parametrize("capture", ["vllm-0.32.0-cpu-idle.metrics.txt", "vllm-0.32.0-cpu-kv-saturated.metrics.txt"])
+def test_real_capture_parses_to_vllm_series_without_created(capture):
+    samples, facts = parse_page((FIXTURES / capture).read_text())
+    assert "vllm:kv_cache_usage_perc" in names(samples)
+    assert "vllm:time_to_first_token_seconds_bucket" in names(samples)
+    assert not any(n.endswith("_created") for n in names(samples))
+    assert all(n.startswith("vllm:") for n in names(samples))  # http_*, python_*, process_* dropped
+    assert facts["series"] == len(samples)
+    labels = dict(next(lbl for n, lbl in samples if n == "vllm:num_requests_running"))
+    assert labels == {"engine": "0", "model_name": "tiny"}
+
+
+def test_saturated_capture_reads_as_saturated():
+    samples, _ = parse_page((FIXTURES / "vllm-0.32.0-cpu-kv-saturated.metrics.txt").read_text())
+    values = {n: v for (n, _), v in samples.items()}
+    assert values["vllm:kv_cache_usage_perc"] == 1.0
+    assert values["vllm:num_requests_waiting"] > 0
+
+
+def test_v0_names_are_renamed_to_todays():
+    text = page(2, 1, 0.7, Counters(), v0=True)
+    text += "\n".join(
+        [
+            "# TYPE vllm:gpu_prefix_cache_queries counter",
+            'vllm:gpu_prefix_cache_queries_total{model_name="m"} 40',
+            "# TYPE vllm:gpu_prefix_cache_hits counter",
+            'vllm:gpu_prefix_cache_hits_total{model_name="m"} 10',
+            "# TYPE vllm:time_per_output_token_seconds histogram",
+            'vllm:time_per_output_token_seconds_bucket{model_name="m",le="0.1"} 3',
+            'vllm:time_per_output_token_seconds_bucket{model_name="m",le="+Inf"} 4',
+            'vllm:time_per_output_token_seconds_sum{model_name="m"} 0.5',
+            'vllm:time_per_output_token_seconds_count{model_name="m"} 4',
+            "# TYPE vllm:num_requests_swapped gauge",
+            'vllm:num_requests_swapped{model_name="m"} 0',
+        ]
+    )
+    samples, facts = parse_page(text + "\n")
+    got = names(samples)
+    assert {"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"} <= got
+    assert {"vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count"} <= got
+    assert "vllm:gpu_cache_usage_perc" not in got
+    assert facts["engine_generation"] == "v0"
+    assert "vllm:gpu_cache_usage_perc" in facts["old_names"]
+
+
+def test_when_old_and_new_names_coexist_the_new_one_wins():
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.2\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.7\n'
+    )
+    samples, _ = parse_page(text)
+    assert [v for (n, _), v in samples.items() if n == "vllm:kv_cache_usage_perc"] == [0.7]
+
+
+def test_garbage_is_a_parse_error():
+    with pytest.raises(ScrapeError) as info:
+        parse_page("vllm:num_requests_running{engine=0 oops\n")
+    assert info.value.reason == "parse"
+
+
+def test_a_page_without_vllm_series_is_named_as_such():
+    with pytest.raises(ScrapeError) as info:
+        parse_page("# TYPE up gauge\nup 1\n")
+    assert info.value.reason == "no_vllm_metrics"
+    assert "vllm:num_requests" in str(info.value)
+
+
+def test_nan_values_are_dropped_and_counted():
+    text = page(1, 0, 0.5, Counters()).replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5', 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN'
+    )
+    samples, facts = parse_page(text)
+    assert "vllm:kv_cache_usage_perc" not in names(samples)
+    assert facts["nan_series"] == 1

@@ -1,0 +1,148 @@
+"""The vLLM source against misbehaving HTTP servers on loopback: every failure becomes a Reading
+with a bounded reason, never an exception, and recovery is seen on the next scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from vllm_triage.sources.vllm import VllmSource
+
+from .pages import Counters, page
+
+GOOD = page(2, 0, 0.3, Counters())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _with_server(handler: Callable[[web.Request], Awaitable[web.StreamResponse]], body):
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+
+    async def version(_: web.Request) -> web.StreamResponse:
+        return web.json_response({"version": "0.32.0"})
+
+    app.router.add_get("/version", version)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        return await body(f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+def scrape(handler, timeout: float = 2.0, max_bytes: int = 10 * 1024 * 1024, times: int = 1):
+    async def body(url: str):
+        source = VllmSource(url, "/metrics", timeout, 1.0, max_bytes)
+        try:
+            return [await source.collect() for _ in range(times)]
+        finally:
+            await source.close()
+
+    return asyncio.run(_with_server(handler, body))
+
+
+def test_good_page_gives_samples_and_the_version():
+    async def handler(_):
+        return web.Response(text=GOOD)
+
+    (reading,) = scrape(handler)
+    assert reading.ok and reading.error_reason is None
+    assert reading.meta["version"] == "0.32.0"
+    assert any(name == "vllm:num_requests_running" for name, _ in reading.samples)
+
+
+def test_http_500_is_reported():
+    async def handler(_):
+        return web.Response(status=500, text="boom")
+
+    (reading,) = scrape(handler)
+    assert not reading.ok and reading.error_reason == "http_status"
+    assert "HTTP 500" in (reading.error or "")
+
+
+def test_garbage_is_reported_as_a_parse_error():
+    async def handler(_):
+        return web.Response(text="<html>this is a login page</html>\n{{{\n")
+
+    (reading,) = scrape(handler)
+    assert not reading.ok and reading.error_reason in ("parse", "no_vllm_metrics")
+
+
+def test_a_page_over_the_cap_is_refused():
+    huge = GOOD + "".join(f'vllm:junk{{i="{i}"}} 1\n' for i in range(20000))
+
+    async def handler(_):
+        return web.Response(text=huge)
+
+    (reading,) = scrape(handler, max_bytes=64 * 1024)
+    assert not reading.ok and reading.error_reason == "too_large"
+    assert "max_page_bytes" in (reading.error or "")
+
+
+def test_a_streamed_page_over_the_cap_is_refused_without_reading_it_all():
+    async def handler(request):
+        response = web.StreamResponse()  # chunked: no Content-Length to judge by
+        await response.prepare(request)
+        for _ in range(100):
+            await response.write(b"# " + b"x" * 10000 + b"\n")
+        return response
+
+    (reading,) = scrape(handler, max_bytes=64 * 1024)
+    assert not reading.ok and reading.error_reason == "too_large"
+
+
+def test_a_hanging_vllm_times_out():
+    async def handler(_):
+        await asyncio.sleep(5)
+        return web.Response(text=GOOD)
+
+    (reading,) = scrape(handler, timeout=0.5)
+    assert not reading.ok and reading.error_reason == "timeout"
+    assert reading.duration_seconds < 2
+
+
+def test_a_truncated_page_is_reported():
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Length": str(len(GOOD) + 500)})
+        await response.prepare(request)
+        await response.write(GOOD[:200].encode())
+        request.transport.close()  # the server dies mid-page
+        return response
+
+    (reading,) = scrape(handler)
+    assert not reading.ok and reading.error_reason in ("truncated", "connect")
+
+
+def test_connection_refused_is_reported():
+    async def body():
+        source = VllmSource(f"http://127.0.0.1:{free_port()}", "/metrics", 1.0, 1.0, 1 << 20)
+        try:
+            return await source.collect()
+        finally:
+            await source.close()
+
+    reading = asyncio.run(body())
+    assert not reading.ok and reading.error_reason == "connect"
+    assert "cannot reach" in (reading.error or "")
+
+
+def test_recovery_after_failures():
+    calls = {"n": 0}
+
+    async def handler(_):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return web.Response(status=503)
+        return web.Response(text=GOOD)
+
+    first, second = scrape(handler, times=2)
+    assert not first.ok and second.ok

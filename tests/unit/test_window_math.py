@@ -1,0 +1,96 @@
+"""Window math: rates across counter resets, quantiles from histogram deltas, gauge statistics."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from vllm_triage.signals import WindowView, compute_signals, counter_increase, histogram_quantile
+from vllm_triage.store import Store
+
+from .pages import Counters, page, reading
+
+
+def test_counter_increase_sums_steps():
+    assert counter_increase([(0, 10), (1, 15), (2, 30)]) == 20
+
+
+def test_counter_reset_starts_a_new_baseline_instead_of_going_negative():
+    # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing.
+    assert counter_increase([(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)]) == 25
+
+
+def test_rate_over_a_window_with_a_restart():
+    store = Store(horizon_seconds=300)
+    c = Counters()
+    for t, total in [(0, 100), (10, 120), (20, 140), (30, 5), (40, 25)]:
+        c.generation_tokens = total
+        store.add(reading(t, page(1, 0, 0.1, c)))
+    view = WindowView(store.window("vllm", 0, 40))
+    # 20 + 20 + (reset) + 20 tokens over 40 s
+    assert view.rate("vllm:generation_tokens_total", "m/0") == pytest.approx(60 / 40)
+
+
+def test_histogram_quantile_matches_a_known_distribution():
+    # 10 000 observations uniform on [0, 10); fine buckets make interpolation nearly exact.
+    rng = random.Random(1)
+    values = [rng.uniform(0, 10) for _ in range(10_000)]
+    bounds = [i * 0.5 for i in range(1, 21)] + [float("inf")]
+    buckets = [(b, float(sum(1 for v in values if v <= b))) for b in bounds]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(5.0, abs=0.1)
+    assert histogram_quantile(0.95, buckets) == pytest.approx(9.5, abs=0.1)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(9.9, abs=0.1)
+
+
+def test_histogram_quantile_edge_cases():
+    assert histogram_quantile(0.5, []) is None
+    assert histogram_quantile(0.5, [(1.0, 0.0), (float("inf"), 0.0)]) is None
+    # everything above the last finite bound: the best answer is that bound
+    assert histogram_quantile(0.5, [(1.0, 0.0), (float("inf"), 10.0)]) == 1.0
+
+
+def test_quantiles_come_from_deltas_not_from_the_whole_history():
+    """Old slow requests (before the window) must not leak into the window's p95."""
+    store = Store(horizon_seconds=1000)
+    c = Counters(ttft=[8.0] * 100)  # a bad hour long ago
+    store.add(reading(0, page(1, 0, 0.1, c)))
+    store.add(reading(100, page(1, 0, 0.1, c)))
+    c.ttft += [0.03] * 50  # the window: all fast
+    store.add(reading(160, page(1, 0, 0.1, c)))
+    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", 256)
+    assert signals["ttft_seconds_observations"] == 50
+    assert signals["ttft_seconds_p95"] is not None and signals["ttft_seconds_p95"] <= 0.05
+    # The cumulative histogram (what a naive reading of /metrics gives) says the opposite.
+    last = store.window("vllm", 160, 160)[0].by_name["vllm:time_to_first_token_seconds_bucket"]
+    cumulative = [(float(dict(s.labels)["le"]), s.value) for s in last]
+    assert (histogram_quantile(0.95, cumulative) or 0) > 5
+
+
+def test_gauge_min_mean_max_and_aggregate_over_engines():
+    store = Store(horizon_seconds=300)
+    c = Counters()
+    for t, waiting in [(0, 2), (10, 4), (20, 6)]:
+        text = page(3, waiting, 0.5, c, engine="0") + page(1, 0, 0.9, c, engine="1").replace("# TYPE", "# IGNORED")
+        store.add(reading(t, text))
+    view = WindowView(store.window("vllm", 0, 20))
+    assert view.scopes() == ["m/0", "m/1"]
+    engine0 = compute_signals(view, "m/0", 256)
+    assert (engine0["requests_waiting_min"], engine0["requests_waiting_mean"], engine0["requests_waiting_max"]) == (2, 4, 6)
+    total = compute_signals(view, "all", 256)
+    assert total["requests_running_mean"] == 4  # running sums over engines
+    assert total["kv_cache_usage_ratio_mean"] == 0.9  # KV usage: the fullest engine
+
+
+def test_a_single_frame_gives_no_rates():
+    store = Store(horizon_seconds=300)
+    store.add(reading(0, page(1, 0, 0.1, Counters())))
+    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", 256)
+    assert signals["requests_running_mean"] == 1
+    assert signals["preemptions_per_second"] is None
+
+
+def test_store_drops_frames_past_the_horizon():
+    store = Store(horizon_seconds=30)
+    for t in range(0, 100, 10):
+        store.add(reading(t, page(1, 0, 0.1, Counters())))
+    assert [f.timestamp for f in store.window("vllm", 0, 100)] == [60, 70, 80, 90]
