@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit integration vllm-env bench clean
+.PHONY: run test lint typecheck unit integration vllm-env bench generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -54,8 +54,12 @@ $(VLLM_HOME)/.vllm-$(VLLM_VERSION):
 $(TINY_MODEL)/config.json: tests/integration/tiny_model.py $(VLLM_HOME)/.vllm-$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/python tests/integration/tiny_model.py $(TINY_MODEL)
 
+# Artifacts derived from the condition table; committed, and a unit test fails when stale.
+generate: $(VENV)/.installed
+	$(BIN)/python -m vllm_triage.generate
+
 bench: $(VENV)/.installed vllm-env
-	$(BIN)/python bench/sidecar_overhead.py
+	$(BIN)/python -m bench.sidecar_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

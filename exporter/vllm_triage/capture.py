@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
 from .model import Reading
+
+log = logging.getLogger(__name__)
 
 FORMAT = "vllm-triage-capture"
 VERSION = 1
@@ -73,18 +76,23 @@ def _header(handle: IO[str], path: str | Path) -> dict[str, Any]:
 
 def read_readings(path: str | Path) -> Iterator[Reading]:
     """The Readings of a capture in timestamp order (stable for equal timestamps)."""
+    readings = []
     with _open(path) as handle:
         _header(handle, path)
-        readings = []
-        for number, line in enumerate(handle, start=2):
-            if not line.strip():
-                continue
-            try:
-                readings.append(Reading.from_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
+        number, line = 1, ""
+        try:
+            for line in handle:
+                number += 1
+                if line.strip():
+                    readings.append(Reading.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            if not line.endswith("\n"):  # the last line of a recording cut short
+                log.warning("%s: line %d is incomplete; using the %d readings before it", path, number, len(readings))
+            else:
                 raise CaptureError(f"{path} line {number}: not a reading ({exc})") from None
-            except (OSError, EOFError) as exc:
-                raise CaptureError(f"{path} line {number}: the file is truncated or damaged ({exc})") from None
+        except (OSError, EOFError) as exc:
+            # A recorder that was killed leaves no gzip trailer: keep what was written.
+            log.warning("%s is truncated after line %d (%s); using the %d readings before it", path, number, exc, len(readings))
     readings.sort(key=lambda r: r.timestamp)
     return iter(readings)
 

@@ -16,12 +16,10 @@ from typing import Any
 from . import __version__
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, replay
+from .daemon import Daemon, SourceLoop, build_sources, replay, vllm_pids_of
 from .diagnosis.engine import Engine
-from .model import VLLM_SOURCE, Reading, Snapshot
+from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .report import format_report, format_transition
-from .sources.process import ProcessSource
-from .sources.vllm import VllmSource
 from .store import Store
 
 SCRAPE_KEYS = (
@@ -32,8 +30,11 @@ SCRAPE_KEYS = (
     "connect_timeout_seconds",
     "max_page_bytes",
     "max_num_seqs",
-    "process_discovery",
+    "sources",
     "process_title_prefix",
+    "gpu_interval_seconds",
+    "gpus",
+    "gpm",
     "log_level",
 )
 
@@ -86,9 +87,7 @@ def _capture_path(name: str) -> Path:
 
 def _instant(config: Config, window_seconds: float) -> Config:
     """Settings for a one-shot judgement: no debouncing, one window over the whole observation."""
-    conditions = {
-        cid: dataclasses.replace(s, for_seconds=0.0, clear_seconds=0.0, window_seconds=window_seconds) for cid, s in config.conditions.items()
-    }
+    conditions = {cid: dataclasses.replace(s, for_seconds=0.0, clear_seconds=0.0, window_seconds=window_seconds) for cid, s in config.conditions.items()}
     return Config({**config.values, "window_seconds": window_seconds}, conditions)
 
 
@@ -101,15 +100,8 @@ def _judge_once(config: Config, readings: list[Reading], now: float) -> Snapshot
     return engine.evaluate(store, now)
 
 
-async def _observe(config: Config, seconds: float, writer: CaptureWriter | None = None) -> list[Reading]:
-    source = VllmSource(
-        config.vllm_url,
-        config.metrics_path,
-        config.scrape_timeout_seconds,
-        config.connect_timeout_seconds,
-        config.max_page_bytes,
-    )
-    processes = ProcessSource(config.vllm_port, config.process_title_prefix) if config.process_discovery else None
+async def observe(config: Config, seconds: float, writer: CaptureWriter | None = None) -> list[Reading]:
+    """Run the configured sources for `seconds`, each on its own interval; return what they read."""
     readings: list[Reading] = []
 
     def keep(reading: Reading) -> None:
@@ -117,18 +109,27 @@ async def _observe(config: Config, seconds: float, writer: CaptureWriter | None 
         if writer is not None:
             writer.write(reading)
 
+    def vllm_pids() -> list[int]:
+        return vllm_pids_of(next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
+
+    loops = build_sources(config, time.time, vllm_pids)
     deadline = time.monotonic() + seconds
-    try:
-        if processes is not None:
-            keep(await asyncio.to_thread(processes.collect))
-        while True:
+
+    async def run(loop_: SourceLoop, started: float) -> None:
+        while started + loop_.interval <= deadline:
+            await asyncio.sleep(max(0.0, loop_.interval - (time.monotonic() - started)))
             started = time.monotonic()
-            keep(await source.collect())
-            if started + config.scrape_interval_seconds > deadline:
-                break
-            await asyncio.sleep(max(0.0, config.scrape_interval_seconds - (time.monotonic() - started)))
+            keep(await loop_.collect())
+
+    try:
+        # One round in order first: the GPU source maps the processes found to their GPUs.
+        for loop_ in loops:
+            keep(await loop_.collect())
+        now = time.monotonic()
+        await asyncio.gather(*(run(loop_, now) for loop_ in loops))
     finally:
-        await source.close()
+        for loop_ in loops:
+            await loop_.close()
     return readings
 
 
@@ -143,7 +144,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         target = f"capture {args.capture}"
     else:
         print(f"observing {config.vllm_url} for {args.seconds:.0f} s ...", file=sys.stderr)
-        readings = asyncio.run(_observe(config, args.seconds))
+        readings = asyncio.run(observe(config, args.seconds))
         now = readings[-1].timestamp
         target = config.vllm_url
     snapshot = _judge_once(_instant(config, args.seconds), readings, now)
@@ -157,7 +158,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
 def _record(args: argparse.Namespace, config: Config) -> int:
     description: dict[str, Any] = {"vllm_url": config.vllm_url, "created": time.time(), "seconds": args.seconds}
     with CaptureWriter(args.out, description) as writer:
-        readings = asyncio.run(_observe(config, args.seconds, writer))
+        readings = asyncio.run(observe(config, args.seconds, writer))
     ok = sum(1 for r in readings if r.ok and r.source == VLLM_SOURCE)
     print(f"wrote {len(readings)} readings ({ok} successful vLLM scrapes) to {args.out}")
     return 0

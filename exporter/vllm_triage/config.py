@@ -105,6 +105,29 @@ def _text(key: str, raw: Any) -> str:
     return raw
 
 
+SOURCE_NAMES = ("vllm", "process", "gpu")
+
+
+def _items(raw: Any) -> list[str]:
+    if isinstance(raw, (list, tuple)):
+        return [str(item).strip() for item in raw]
+    return [item.strip() for item in str(raw).split(",") if item.strip()]
+
+
+def _source_list(key: str, raw: Any) -> tuple[str, ...]:
+    items = _items(raw)
+    if not items or any(item not in SOURCE_NAMES for item in items):
+        raise _bad(key, raw, f"expected a comma-separated subset of {', '.join(SOURCE_NAMES)}")
+    return tuple(dict.fromkeys(items))
+
+
+def _gpu_list(key: str, raw: Any) -> list[str]:
+    items = _items(raw)
+    if not items:
+        raise _bad(key, raw, "expected GPU indices or UUIDs, comma-separated (e.g. 0,1 or GPU-8f2c...)")
+    return items
+
+
 @dataclass(frozen=True)
 class Option:
     key: str
@@ -139,8 +162,17 @@ OPTIONS: tuple[Option, ...] = (
         "vLLM's --max-num-seqs; default: read from vLLM's command line when visible, else vLLM's default.",
         "N",
     ),
-    Option("process_discovery", True, _boolean, "Look for vLLM's processes with psutil (needs a shared PID namespace).", "BOOL"),
+    Option(
+        "sources",
+        ("vllm", "process", "gpu"),
+        _source_list,
+        "Sources to run, comma-separated: vllm (its /metrics), process (psutil; needs a shared PID namespace), gpu (NVML/GPM).",
+        "LIST",
+    ),
     Option("process_interval_seconds", 30.0, _number(1.0), "How often to look for vLLM's processes.", "S"),
+    Option("gpu_interval_seconds", 1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S"),
+    Option("gpus", None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST"),
+    Option("gpm", True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL"),
     Option("process_title_prefix", "VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX"),
     Option("demo", False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL"),
     Option("demo_capture", None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE"),

@@ -8,6 +8,8 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from aiohttp import web
@@ -16,13 +18,52 @@ from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
 from .diagnosis.engine import Engine
 from .exposition import Exposition
-from .model import Reading, Snapshot
+from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .server import make_app
+from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
 from .sources.vllm import VllmSource
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceLoop:
+    """One source as the daemon runs it: collect every `interval` seconds, close at the end."""
+
+    name: str
+    interval: float
+    collect: Callable[[], Awaitable[Reading]]
+    close: Callable[[], Awaitable[None]]
+
+
+def build_sources(config: Config, clock: Callable[[], float], vllm_pids: Callable[[], list[int]]) -> list[SourceLoop]:
+    """The configured sources; blocking ones (psutil, NVML) run in worker threads."""
+    loops = []
+    if VLLM_SOURCE in config.sources:
+        vllm = VllmSource(config.vllm_url, config.metrics_path, config.scrape_timeout_seconds, config.connect_timeout_seconds, config.max_page_bytes, clock)
+        loops.append(SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, vllm.collect, vllm.close))
+    if PROCESS_SOURCE in config.sources:
+        processes = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
+        loops.append(SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, processes.collect), _nothing))
+    if GPU_SOURCE in config.sources:
+        gpu = GpuSource(config.gpus, vllm_pids, config.gpm, clock)
+
+        async def close_gpu() -> None:
+            gpu.close()
+
+        loops.append(SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, gpu.collect), close_gpu))
+    return loops
+
+
+async def _nothing() -> None:
+    return None
+
+
+def vllm_pids_of(reading: Reading | None) -> list[int]:
+    """PIDs of vLLM's processes from the latest process Reading (the GPU source maps them to GPUs)."""
+    return [int(p["pid"]) for p in reading.meta.get("processes", [])] if reading is not None else []
 
 
 def build_engine(config: Config) -> tuple[Engine, Store]:
@@ -127,32 +168,21 @@ class Daemon:
             loop.add_signal_handler(sig, self._stop.set)
 
         tasks: list[asyncio.Task[None]] = []
-        vllm: VllmSource | None = None
+        loops: list[SourceLoop] = []
         if config.demo:
             path = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
             tasks.append(asyncio.create_task(self._demo_loop(path)))
         else:
-            vllm = VllmSource(
-                config.vllm_url,
-                config.metrics_path,
-                config.scrape_timeout_seconds,
-                config.connect_timeout_seconds,
-                config.max_page_bytes,
-                self.clock,
-            )
-            source = vllm
+            loops = build_sources(config, self.clock, lambda: vllm_pids_of(self.store.latest(PROCESS_SOURCE)))
+            for loop_ in loops:
+                if loop_.name == PROCESS_SOURCE:  # first: the GPU source maps vLLM's processes to GPUs
+                    self.ingest(await loop_.collect())
+            for loop_ in loops:
 
-            async def scrape() -> None:
-                self.ingest(await source.collect())
+                async def collect(loop_: SourceLoop = loop_) -> None:
+                    self.ingest(await loop_.collect())
 
-            tasks.append(asyncio.create_task(self._every(config.scrape_interval_seconds, "vllm", scrape)))
-            if config.process_discovery:
-                processes = ProcessSource(config.vllm_port, config.process_title_prefix, self.clock)
-
-                async def discover() -> None:
-                    self.ingest(await asyncio.to_thread(processes.collect))
-
-                tasks.append(asyncio.create_task(self._every(config.process_interval_seconds, "process", discover)))
+                tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
         tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", self._tick_once)))
         try:
             await self._stop.wait()
@@ -161,8 +191,8 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if vllm is not None:
-                await vllm.close()
+            for loop_ in loops:
+                await loop_.close()
             if self.recorder is not None:
                 self.recorder.close()
             await runner.cleanup()

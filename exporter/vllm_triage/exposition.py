@@ -15,11 +15,37 @@ from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings
 from .model import Snapshot
-from .signals import SIGNALS
+from .signals import GPU_SIGNALS, SIGNALS
 from .store import AGGREGATE_SCOPE
 
 PREFIX = "vllm_triage"
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
+GPU_AGGREGATE_SCOPE = f"gpu:{AGGREGATE_SCOPE}"
+GPU_HELP = {
+    "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
+    "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",
+    "gpu_memory_used_bytes": "GPU memory used (vLLM preallocates most of it: read KV usage instead).",
+    "gpu_memory_total_bytes": "GPU memory total.",
+    "gpu_power_watts": "Power draw.",
+    "gpu_power_limit_watts": "Enforced power limit.",
+    "gpu_temperature_celsius": "GPU temperature.",
+    "gpu_sm_clock_hertz": "SM clock.",
+    "gpu_memory_clock_hertz": "Memory clock.",
+    "gpu_clock_event_active": "1 while the clock event reason is set (gpu_idle, sw_power_cap, hw_slowdown, ...).",
+    "gpu_pcie_link_generation": "Current PCIe link generation.",
+    "gpu_pcie_link_generation_max": "Maximum PCIe link generation.",
+    "gpu_pcie_link_width": "Current PCIe link width (lanes).",
+    "gpu_pcie_link_width_max": "Maximum PCIe link width (lanes).",
+    "gpu_pcie_replay_errors_total": "PCIe replay counter.",
+    "gpu_gpm_supported": "1 when GPM metrics (SM activity, tensor, DRAM bandwidth) are read from this GPU.",
+    "gpu_sm_active_ratio": "GPM SM activity since the previous GPU reading (0..1).",
+    "gpu_sm_occupancy_ratio": "GPM SM occupancy since the previous GPU reading (0..1).",
+    "gpu_tensor_active_ratio": "GPM tensor-core activity since the previous GPU reading (0..1).",
+    "gpu_dram_bandwidth_utilization_ratio": "GPM DRAM bandwidth utilisation since the previous GPU reading (0..1).",
+    "gpu_pcie_tx_bytes_per_second": "PCIe transmit throughput (GPM, or NVML's 20 ms sample without GPM).",
+    "gpu_pcie_rx_bytes_per_second": "PCIe receive throughput (GPM, or NVML's 20 ms sample without GPM).",
+    "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
+}
 
 
 def split_scope(scope: str) -> tuple[str, str]:
@@ -43,14 +69,13 @@ class SnapshotCollector(Collector):
         yield from self._health(snapshot)
         yield from self._verdicts(snapshot)
         yield from self._signals(snapshot)
+        yield from self._gpus(snapshot)
 
     def _health(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_source_up", "1 when the source's last collection succeeded.", labels=["source"])
         duration = GaugeMetricFamily(f"{PREFIX}_source_collect_duration_seconds", "Duration of the source's last collection.", labels=["source"])
         errors = CounterMetricFamily(f"{PREFIX}_source_errors", "Failed or degraded collections by reason.", labels=["source", "reason"])
-        last = GaugeMetricFamily(
-            f"{PREFIX}_source_last_success_timestamp_seconds", "Time of the source's last successful collection.", labels=["source"]
-        )
+        last = GaugeMetricFamily(f"{PREFIX}_source_last_success_timestamp_seconds", "Time of the source's last successful collection.", labels=["source"])
         for health in snapshot.sources:
             up.add_metric([health.source], 1.0 if health.up else 0.0)
             duration.add_metric([health.source], health.collect_duration_seconds)
@@ -105,20 +130,43 @@ class SnapshotCollector(Collector):
         yield from (active, unknown, score, since, cause, threshold)
 
     def _signals(self, snapshot: Snapshot) -> Iterator[Metric]:
+        """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).
+        Aggregates stay in /diagnosis: exported, they would double-count in sum()."""
         families: dict[str, GaugeMetricFamily] = {}
-        for signal in SIGNALS:
-            name = f"{PREFIX}_vllm_{signal.family}"
-            if name not in families:
-                extra = [k for k, _ in signal.extra_labels]
-                families[name] = GaugeMetricFamily(name, f"{signal.help} {WINDOWED}", labels=["engine", "model_name", *extra])
+        for prefix, table, scope_labels in ((f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]), (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"])):
+            for signal in table:
+                if prefix + signal.family not in families:
+                    extra = [k for k, _ in signal.extra_labels]
+                    families[prefix + signal.family] = GaugeMetricFamily(prefix + signal.family, f"{signal.help} {WINDOWED}", labels=[*scope_labels, *extra])
         for scope, values in sorted(snapshot.signals.items()):
-            if scope == AGGREGATE_SCOPE:
-                continue  # per-engine series only: the aggregate would double-count in sum()
-            model, engine = split_scope(scope)
-            for signal in SIGNALS:
+            if scope in (AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE):
+                continue
+            if scope.startswith("gpu:"):
+                prefix, table, scope_values = f"{PREFIX}_gpu_window_", GPU_SIGNALS, [scope[4:]]
+            else:
+                model, engine = split_scope(scope)
+                prefix, table, scope_values = f"{PREFIX}_vllm_", SIGNALS, [engine, model]
+            for signal in table:
                 value = values.get(signal.id)
                 if value is not None:
-                    families[f"{PREFIX}_vllm_{signal.family}"].add_metric([engine, model, *(v for _, v in signal.extra_labels)], value)
+                    families[prefix + signal.family].add_metric([*scope_values, *(v for _, v in signal.extra_labels)], value)
+        yield from families.values()
+
+    def _gpus(self, snapshot: Snapshot) -> Iterator[Metric]:
+        """The last GPU reading as read (like dcgm-exporter): vllm_triage_gpu_<name>{gpu,uuid,...}."""
+        families: dict[str, Metric] = {}
+        for (name, labels), value in sorted(snapshot.gpu_latest.items()):
+            short = name.removeprefix("gpu_")
+            family = families.get(short)
+            if family is None:
+                keys = [k for k, _ in labels]
+                help_text = GPU_HELP.get(name, name)
+                if short.endswith("_total"):
+                    family = CounterMetricFamily(f"{PREFIX}_gpu_{short.removesuffix('_total')}", help_text, labels=keys)
+                else:
+                    family = GaugeMetricFamily(f"{PREFIX}_gpu_{short}", help_text, labels=keys)
+                families[short] = family
+            family.add_metric([v for _, v in labels], value)  # type: ignore[attr-defined]
         yield from families.values()
 
 

@@ -17,6 +17,7 @@ SeriesKey = tuple[str, Labels]
 # Source names: the `source` label of the health metrics and the key of a Reading.
 VLLM_SOURCE = "vllm"
 PROCESS_SOURCE = "process"
+GPU_SOURCE = "gpu"
 
 
 def make_labels(labels: dict[str, str]) -> Labels:
@@ -51,9 +52,7 @@ class Reading:
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> Reading:
-        samples = {
-            (str(name), make_labels({str(k): str(v) for k, v in labels.items()})): float(value) for name, labels, value in record.get("samples", [])
-        }
+        samples = {(str(name), make_labels({str(k): str(v) for k, v in labels.items()})): float(value) for name, labels, value in record.get("samples", [])}
         return cls(
             source=str(record["source"]),
             timestamp=float(record["t"]),
@@ -165,6 +164,16 @@ class Verdict:
         return record
 
 
+def _gpus_json(latest: dict[SeriesKey, float]) -> dict[str, dict[str, float]]:
+    """The last GPU reading by GPU index: {"0": {"gpu_utilization_ratio": 0.98, ...}}."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), value in sorted(latest.items()):
+        label = dict(labels)
+        key = name + "".join(f"{{{k}={v}}}" for k, v in labels if k not in ("gpu", "uuid"))
+        out.setdefault(label.get("gpu", "?"), {})[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the outlets show, computed once per tick."""
@@ -176,6 +185,7 @@ class Snapshot:
     evaluations: int
     window_seconds: float
     discovery: dict[str, Any] = field(default_factory=dict)
+    gpu_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last GPU Reading, as read
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,4 +196,5 @@ class Snapshot:
             "sources": {s.source: s.to_json() for s in self.sources},
             "signals": self.signals,
             "discovery": self.discovery,
+            "gpus": _gpus_json(self.gpu_latest),
         }

@@ -16,7 +16,8 @@ AGGREGATE_SCOPE = "all"
 
 
 def scope_of(labels: Labels) -> str:
-    """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0").
+    """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0"),
+    or `gpu:<index>` for a GPU series.
     Series without a model_name (cache_config_info) get `/engine` and belong to every model there."""
     model = ""
     engine = "0"
@@ -25,6 +26,8 @@ def scope_of(labels: Labels) -> str:
             model = value
         elif key == "engine":
             engine = value
+        elif key == "gpu":
+            return f"gpu:{value}"  # GPU series: one scope per GPU
     return f"{model}/{engine}"
 
 
@@ -39,6 +42,7 @@ class Series:
     scope: str
     labels: Labels
     value: float
+    le: float | None = None  # a histogram bucket's upper bound, parsed once on arrival
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ class Frame:
     def from_reading(cls, reading: Reading) -> Frame:
         grouped: dict[str, list[Series]] = {}
         for (name, labels), value in reading.samples.items():
-            grouped.setdefault(name, []).append(Series(scope_of(labels), labels, value))
+            le = next((float(v) for k, v in labels if k == "le"), None) if name.endswith("_bucket") else None
+            grouped.setdefault(name, []).append(Series(scope_of(labels), labels, value, le))
         return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, reading.meta)
 
 

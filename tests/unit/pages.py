@@ -65,9 +65,7 @@ def page(
     lines.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} {len(c.ttft)}")
     if not v0:
         lines.append("# TYPE vllm:cache_config_info gauge")
-        lines.append(
-            f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="{engine}",num_gpu_blocks="{blocks}"}} 1.0'
-        )
+        lines.append(f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="{engine}",num_gpu_blocks="{blocks}"}} 1.0')
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ def test_defaults():
     config = load(env={})
     assert config.vllm_url == "http://127.0.0.1:8000"
     assert config.listen == "0.0.0.0:10290"
-    assert config.conditions["kv_cache_saturated"].thresholds["usage_min"] == 0.95
+    assert config.conditions["kv_cache_saturated"].thresholds["usage_min"] == 0.8
     assert config.conditions["prefix_cache_ineffective"].for_seconds == 300
 
 
@@ -68,8 +68,16 @@ def test_a_wrong_value_names_the_key_the_value_and_what_is_allowed(tmp_path, tex
 
 def test_wrong_env_value_is_named():
     with pytest.raises(ConfigError) as info:
-        load(env={"VLLM_TRIAGE_PROCESS_DISCOVERY": "maybe"})
-    assert "process_discovery" in str(info.value) and "true or false" in str(info.value)
+        load(env={"VLLM_TRIAGE_GPM": "maybe"})
+    assert "gpm" in str(info.value) and "true or false" in str(info.value)
+
+
+def test_sources_and_gpus_lists():
+    config = load(env={"VLLM_TRIAGE_SOURCES": "gpu, vllm", "VLLM_TRIAGE_GPUS": "0,GPU-abc"})
+    assert config.sources == ("gpu", "vllm") and config.gpus == ["0", "GPU-abc"]
+    with pytest.raises(ConfigError) as info:
+        load(env={"VLLM_TRIAGE_SOURCES": "vllm,nvml"})
+    assert "sources" in str(info.value) and "vllm, process, gpu" in str(info.value)
 
 
 def test_missing_file_is_named(tmp_path):

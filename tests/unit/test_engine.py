@@ -88,6 +88,23 @@ def test_saturation_activates_after_for_and_clears_after_clear_for():
     assert verdict(snap, "kv_cache_saturated").state == "inactive"
 
 
+def test_saturation_judges_the_window_mean_and_the_peak():
+    """Measured on a real vLLM: a full cache dips whenever a preemption frees a request's blocks."""
+    fast = {"kv_cache_saturated": {"for_seconds": 0}}
+    s = Scenario(engine(fast, window=20), step=2)
+    for _ in range(3):  # mean ~0.84 with dips, full now and then, requests waiting
+        for kv in (1.0, 0.97, 0.39, 1.0, 0.85):
+            snap = s.run(2, running=10, waiting=50, kv=kv, preempt_per_step=3)
+    assert verdict(snap, "kv_cache_saturated").state == "active"
+    s = Scenario(engine(fast, window=20), step=2)
+    snap = s.run(30, running=10, waiting=50, kv=0.97)  # high but never full: something else limits
+    v = verdict(snap, "kv_cache_saturated")
+    assert v.state == "inactive" and any("window peak" in e.text and not e.holds for e in v.evidence)
+    s = Scenario(engine(fast, window=20), step=2)
+    snap = s.run(30, running=10, waiting=0, kv=1.0)  # full, but nobody waits or is preempted
+    assert verdict(snap, "kv_cache_saturated").state == "inactive"
+
+
 def test_a_condition_that_flaps_inside_for_never_activates():
     s = Scenario(engine({"queue_backlog": {"for_seconds": 20}}, window=4))
     for _ in range(10):
@@ -100,7 +117,7 @@ def test_a_condition_that_flaps_inside_for_never_activates():
 
 def test_queue_backlog_cause_follows_the_evidence():
     s = Scenario(engine({"queue_backlog": {"for_seconds": 0}}))
-    snap = s.run(30, waiting=5, running=20, kv=0.97, preempt_per_step=1)
+    snap = s.run(30, waiting=5, running=20, kv=1.0, preempt_per_step=1)
     assert verdict(snap, "queue_backlog").cause == "kv_capacity"
     s = Scenario(engine({"queue_backlog": {"for_seconds": 0}}))
     snap = s.run(30, waiting=5, running=64, kv=0.4)

@@ -82,7 +82,7 @@ def test_metrics_carry_verdicts_signals_and_health():
     assert kv["mean"] == 1.0
     assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples} == {"vllm": 1.0}
     thresholds = {(s.labels["condition"], s.labels["threshold"]): s.value for s in got["vllm_triage_condition_threshold"].samples}
-    assert thresholds[("kv_cache_saturated", "usage_min")] == 0.95
+    assert thresholds[("kv_cache_saturated", "usage_min")] == 0.8
     assert "process_resident_memory_bytes" in got  # the sidecar's own footprint
     # no colons, units in names, HELP says the values are windowed
     assert all(":" not in name for name in got)
@@ -109,7 +109,7 @@ def test_diagnosis_json_says_what_why_and_what_next():
     kv = next(c for c in doc["conditions"] if c["condition"] == "kv_cache_saturated")
     assert kv["state"] == "active" and 0.5 < kv["score"] <= 1
     assert kv["since"] is not None and kv["next_actions"]
-    assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["threshold"] == 0.95 for e in kv["evidence"])
+    assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["threshold"] == 0.8 for e in kv["evidence"])
     backlog = next(c for c in doc["conditions"] if c["condition"] == "queue_backlog")
     assert backlog["cause"] == "kv_capacity"
     assert doc["sources"]["vllm"]["up"] is True

@@ -39,7 +39,7 @@ async def _with_server(handler: Callable[[web.Request], Awaitable[web.StreamResp
         await runner.cleanup()
 
 
-def scrape(handler, timeout: float = 2.0, max_bytes: int = 10 * 1024 * 1024, times: int = 1):
+def scrape(handler, timeout: float = 5.0, max_bytes: int = 10 * 1024 * 1024, times: int = 1):
     async def body(url: str):
         source = VllmSource(url, "/metrics", timeout, 1.0, max_bytes)
         try:

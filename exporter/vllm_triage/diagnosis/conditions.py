@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model import VLLM_SOURCE
+from ..model import GPU_SOURCE, VLLM_SOURCE
 from .judge import Judge, Term, all_of, any_of
 
 
@@ -37,7 +37,7 @@ class Condition:
     clear_seconds: float = 60.0
     sources: tuple[str, ...] = (VLLM_SOURCE,)  # a source that is down makes the condition `unknown`
     causes: tuple[str, ...] = ()
-    per_engine: bool = True  # evaluated per vLLM engine; active when any engine holds
+    scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
 
 
 def _vllm_unreachable(j: Judge) -> Term:
@@ -48,7 +48,14 @@ def _vllm_unreachable(j: Judge) -> Term:
 
 
 def _kv_cache_saturated(j: Judge) -> Term:
-    usage = j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0)
+    # A full cache does not read 1.0 all the time: each preemption frees a whole request's blocks
+    # at once. On a real vLLM with 39 blocks, saturated 60 s windows averaged 0.90-0.95 with dips
+    # to 0.4-0.8, and reached 1.0 in every window. So: full at least once, mostly full on average,
+    # and someone waiting or preempted.
+    usage = all_of(
+        j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0),
+        j.compare("kv_cache_usage_ratio_max", ">=", "usage_peak_min", "KV cache usage (window peak)", upper=1.0),
+    )
     pressure = any_of(
         j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
         j.compare("preemptions_per_second", ">", "preemptions_per_second_min", "preemptions per second"),
@@ -60,14 +67,24 @@ def _queue_backlog(j: Judge) -> Term:
     backlog = j.compare("requests_waiting_min", ">", "waiting_min", "requests waiting (window minimum)")
     if backlog.holds:
         usage = j.signals.get("kv_cache_usage_ratio_mean")
-        running = j.signals.get("requests_running_max")
+        peak = j.signals.get("kv_cache_usage_ratio_max")
+        running = j.signals.get("requests_running_mean")
         max_seqs = j.signals.get("max_num_seqs")
-        if usage is not None and usage >= j.thresholds["kv_usage_for_capacity_cause"]:
+        if (
+            usage is not None
+            and peak is not None
+            and usage >= j.thresholds["kv_usage_for_capacity_cause"]
+            and peak >= j.thresholds["kv_peak_for_capacity_cause"]
+        ):
             j.cause = "kv_capacity"
-            j.note(f"cause kv_capacity: KV cache usage averages {usage:.2f}: requests wait for KV blocks", "kv_cache_usage_ratio_mean", usage)
-        elif running is not None and max_seqs is not None and running >= max_seqs:
+            j.note(
+                f"cause kv_capacity: KV cache usage averages {usage:.2f} and reached {peak:.2f}: requests wait for KV blocks",
+                "kv_cache_usage_ratio_mean",
+                usage,
+            )
+        elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
             j.cause = "concurrency_cap"
-            j.note(f"cause concurrency_cap: {running:.0f} running reached max_num_seqs {max_seqs:.0f}", "requests_running_max", running)
+            j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
         else:
             j.cause = "unknown"
             j.note("cause unknown: KV cache has room and running is below max_num_seqs (host-layer evidence needed)")
@@ -95,10 +112,20 @@ def _client_underload(j: Judge) -> Term:
     if not traffic:
         j.fact(False, "no traffic in the window: the server is idle, not underloaded", "finished_requests_per_second", finished)
         return Term(False, 0.0)
-    return all_of(
+    terms = [
         j.compare("running_to_max_num_seqs_ratio", "<", "running_ratio_max", "mean running / max_num_seqs", upper=1.0),
         j.compare("requests_waiting_max", "<=", "waiting_max", "requests waiting (window maximum)"),
-    )
+    ]
+    if j.signals.get("gpu_sm_activity_ratio") is not None:
+        terms.append(j.compare("gpu_sm_activity_ratio", "<", "sm_activity_max", _sm_activity_words(j), upper=1.0))
+    else:
+        j.note("GPU evidence unavailable: judged on vLLM's metrics alone")
+    return all_of(*terms)
+
+
+def _sm_activity_words(j: Judge) -> str:
+    source = "GPM SM active" if j.signals.get("gpu_sm_activity_from_gpm") else "util.gpu (no GPM on this GPU)"
+    return f"GPU SM activity, {source}, window mean"
 
 
 def _with_observations(j: Judge, signal: str, what: str) -> bool | None:
@@ -156,9 +183,67 @@ def _kv_fragmentation_suspected(j: Judge) -> Term:
     usage = j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0)
     live = j.compare("kv_live_token_ratio", "<", "live_token_ratio_max", "tokens the running requests hold / KV tokens in use", upper=1.0)
     waste = j.compare("kv_last_block_waste_ratio", ">=", "block_waste_ratio_min", "half-empty last blocks / KV capacity", upper=1.0)
-    if usage.holds and (live.holds or waste.holds):
-        j.cause = "live_tokens" if live.holds else "block_waste"
-    return all_of(usage, any_of(live, waste))
+    alternatives = [live, waste]
+    if j.signals.get("gpu_utilization_ratio_mean") is not None:
+        # The seed's row: a GPU mostly idle while the KV cache looks full.
+        alternatives.append(j.compare("gpu_utilization_ratio_mean", "<", "gpu_utilization_max", "util.gpu (window mean)", upper=1.0))
+    if usage.holds:
+        causes = ("live_tokens", "block_waste", "gpu_idle_with_full_kv")
+        j.cause = next((cause for cause, term in zip(causes, alternatives, strict=False) if term.holds), None)
+    return all_of(usage, any_of(*alternatives))
+
+
+def _gpu_busy_not_computing(j: Judge) -> Term:
+    if j.signals.get("gpu_sm_active_ratio_mean") is None:
+        return j.fact(None, "needs GPM SM activity: util.gpu alone cannot tell copying from computing", "gpu_sm_active_ratio_mean")
+    return all_of(
+        j.compare("gpu_utilization_ratio_mean", ">=", "utilization_min", "util.gpu (window mean)", upper=1.0),
+        j.compare("gpu_sm_active_ratio_mean", "<=", "sm_active_max", "GPM SM active (window mean)", upper=1.0),
+    )
+
+
+def _memory_bandwidth_bound(j: Judge) -> Term:
+    return all_of(
+        j.compare("gpu_dram_bandwidth_utilization_ratio_mean", ">=", "dram_min", "DRAM bandwidth utilisation (window mean)", upper=1.0),
+        j.compare("gpu_tensor_active_ratio_mean", "<", "tensor_max", "tensor-core activity (window mean)", upper=1.0),
+    )
+
+
+def _compute_bound(j: Judge) -> Term:
+    return any_of(
+        j.compare("gpu_tensor_active_ratio_mean", ">=", "tensor_min", "tensor-core activity (window mean)", upper=1.0),
+        all_of(
+            j.compare("gpu_sm_active_ratio_mean", ">=", "sm_active_min", "GPM SM active (window mean)", upper=1.0),
+            j.compare("gpu_dram_bandwidth_utilization_ratio_mean", "<", "dram_max", "DRAM bandwidth utilisation (window mean)", upper=1.0),
+        ),
+    )
+
+
+def _pcie_saturated(j: Judge) -> Term:
+    capacity = j.signals.get("gpu_pcie_link_capacity_bytes_per_second")
+    if capacity:
+        j.note(
+            f"link capacity {capacity / 1e9:.1f} GB/s per direction at the current generation and width",
+            "gpu_pcie_link_capacity_bytes_per_second",
+            capacity,
+        )
+    return j.compare("gpu_pcie_busiest_direction_ratio", ">=", "link_ratio_min", "PCIe throughput / link capacity (busier direction)", upper=1.0)
+
+
+def _pcie_link_degraded(j: Judge) -> Term:
+    busy = j.value("gpu_busy_ratio")
+    if busy is not None and j.signals.get("gpu_pcie_link_degraded_while_busy_ratio") is None:
+        return j.fact(False, "the GPU was not busy in the window: links downtrain at idle on purpose", "gpu_busy_ratio", busy)
+    return j.compare(
+        "gpu_pcie_link_degraded_while_busy_ratio", ">=", "degraded_ratio_min", "share of busy samples with the link below max gen/width", upper=1.0
+    )
+
+
+def _gpu_throttled(j: Judge) -> Term:
+    cap = j.signals.get("gpu_clock_event_sw_power_cap_ratio")
+    if cap:
+        j.note(f"SW power cap set {cap:.0%} of the window: normal at full load, not counted", "gpu_clock_event_sw_power_cap_ratio", cap)
+    return j.compare("gpu_throttled_ratio", ">=", "throttled_ratio_min", "share of the window with HW slowdown/thermal/power-brake clocks", upper=1.0)
 
 
 _CAPACITY_ACTIONS = (
@@ -183,7 +268,7 @@ CONDITIONS: tuple[Condition, ...] = (
         for_seconds=30,
         clear_seconds=30,
         sources=(),
-        per_engine=False,
+        scope_kind="global",
     ),
     Condition(
         id="kv_cache_saturated",
@@ -194,7 +279,8 @@ CONDITIONS: tuple[Condition, ...] = (
         next_actions=_CAPACITY_ACTIONS,
         predicate=_kv_cache_saturated,
         thresholds=(
-            Threshold("usage_min", 0.95, "KV usage window mean at or above this", 0.0, 1.0),
+            Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
+            Threshold("usage_peak_min", 0.99, "KV usage window maximum at or above this (the cache filled up)", 0.0, 1.0),
             Threshold("waiting_min", 0.0, "mean waiting requests above this"),
             Threshold("preemptions_per_second_min", 0.0, "preemptions per second above this"),
         ),
@@ -213,7 +299,9 @@ CONDITIONS: tuple[Condition, ...] = (
         predicate=_queue_backlog,
         thresholds=(
             Threshold("waiting_min", 0.0, "waiting requests (window minimum) above this"),
-            Threshold("kv_usage_for_capacity_cause", 0.9, "KV usage at or above which the cause is kv_capacity", 0.0, 1.0),
+            Threshold("kv_usage_for_capacity_cause", 0.8, "KV usage window mean at or above which the cause is kv_capacity", 0.0, 1.0),
+            Threshold("kv_peak_for_capacity_cause", 0.95, "... and KV usage window peak at or above this", 0.0, 1.0),
+            Threshold("running_ratio_for_cap_cause", 0.9, "else mean running / max_num_seqs at or above which the cause is concurrency_cap", 0.0, 1.0),
         ),
         causes=("kv_capacity", "concurrency_cap", "unknown"),
     ),
@@ -248,6 +336,7 @@ CONDITIONS: tuple[Condition, ...] = (
         thresholds=(
             Threshold("running_ratio_max", 0.25, "mean running / max_num_seqs below this", 0.0, 1.0),
             Threshold("waiting_max", 0.0, "waiting requests (window maximum) at most this"),
+            Threshold("sm_activity_max", 0.5, "GPU SM activity below this (when GPU readings exist)", 0.0, 1.0),
         ),
         for_seconds=120,
         clear_seconds=60,
@@ -327,11 +416,106 @@ CONDITIONS: tuple[Condition, ...] = (
             Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
             Threshold("live_token_ratio_max", 0.5, "live tokens / KV tokens in use below this", 0.0, 1.0),
             Threshold("block_waste_ratio_min", 0.10, "last-block waste / capacity at or above this", 0.0, 1.0),
+            Threshold("gpu_utilization_max", 0.3, "util.gpu window mean below this (when GPU readings exist)", 0.0, 1.0),
         ),
         for_seconds=120,
         clear_seconds=120,
-        causes=("live_tokens", "block_waste"),
+        causes=("live_tokens", "block_waste", "gpu_idle_with_full_kv"),
     ),
 )
 
+GPU_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        id="gpu_busy_not_computing",
+        layer="3",
+        severity="warning",
+        summary="The GPU looks busy (util.gpu) but its SMs are idle",
+        meaning="util.gpu counts time any kernel or copy ran; GPM shows the SMs doing little: the GPU is moving data, not computing.",
+        next_actions=(
+            "Check PCIe traffic (pcie_saturated), CPU offloading (--cpu-offload-gb), KV offload, swap, unpinned host memory.",
+            "Look for synchronisations and host<->device copies in a torch profiler trace.",
+        ),
+        predicate=_gpu_busy_not_computing,
+        thresholds=(
+            Threshold("utilization_min", 0.9, "util.gpu window mean at or above this", 0.0, 1.0),
+            Threshold("sm_active_max", 0.3, "GPM SM active window mean at or below this", 0.0, 1.0),
+        ),
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+    Condition(
+        id="memory_bandwidth_bound",
+        layer="3",
+        severity="info",
+        summary="The GPU is limited by memory bandwidth",
+        meaning="DRAM bandwidth is near its limit while tensor cores idle: typical of decode at small batch.",
+        next_actions=(
+            "Raise concurrency (bigger decode batches reuse each weight read), fp8 weights or KV cache, speculative decoding.",
+            "Use Nsight Compute (ncu) for kernel detail.",
+        ),
+        predicate=_memory_bandwidth_bound,
+        thresholds=(
+            Threshold("dram_min", 0.7, "DRAM bandwidth utilisation at or above this", 0.0, 1.0),
+            Threshold("tensor_max", 0.3, "tensor-core activity below this", 0.0, 1.0),
+        ),
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+    Condition(
+        id="compute_bound",
+        layer="3",
+        severity="info",
+        summary="The GPU is doing useful work at its compute limit",
+        meaning="Tensor cores or SMs are busy and memory bandwidth is not the limit.",
+        next_actions=("The GPU is the bottleneck and it is working: scale out (replicas, tensor parallelism) or use a faster GPU.",),
+        predicate=_compute_bound,
+        thresholds=(
+            Threshold("tensor_min", 0.6, "tensor-core activity at or above this", 0.0, 1.0),
+            Threshold("sm_active_min", 0.8, "GPM SM active at or above this", 0.0, 1.0),
+            Threshold("dram_max", 0.7, "with DRAM bandwidth below this", 0.0, 1.0),
+        ),
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+    Condition(
+        id="pcie_saturated",
+        layer="3",
+        severity="warning",
+        summary="Host<->GPU copies fill the PCIe link",
+        meaning="PCIe throughput in one direction is near the link's capacity.",
+        next_actions=("CPU<->GPU copies dominate: check KV/CPU offload, swap space, unpinned memory; prefer zero-copy or keeping data on the GPU.",),
+        predicate=_pcie_saturated,
+        thresholds=(Threshold("link_ratio_min", 0.7, "throughput / link capacity at or above this", 0.0, 1.0),),
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+    Condition(
+        id="pcie_link_degraded",
+        layer="3",
+        severity="warning",
+        summary="The PCIe link runs below its maximum generation or width while the GPU is busy",
+        meaning="Under load the link should train to its maximum; a lower generation or width cuts host<->GPU bandwidth.",
+        next_actions=("Hardware or BIOS: reseat the GPU, check the riser and slot, report to the node owner.",),
+        predicate=_pcie_link_degraded,
+        thresholds=(Threshold("degraded_ratio_min", 0.5, "share of busy samples with a degraded link at or above this", 0.0, 1.0),),
+        for_seconds=300,
+        clear_seconds=60,
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+    Condition(
+        id="gpu_throttled",
+        layer="3",
+        severity="warning",
+        summary="GPU clocks are braked by hardware slowdown, heat or power",
+        meaning="HW slowdown, HW/SW thermal or HW power-brake clock events were set for a large share of the window.",
+        next_actions=("Check cooling, power delivery and power limit settings (nvidia-smi -q -d PERFORMANCE).",),
+        predicate=_gpu_throttled,
+        thresholds=(Threshold("throttled_ratio_min", 0.3, "share of the window braked at or above this", 0.0, 1.0),),
+        clear_seconds=120,
+        sources=(GPU_SOURCE,),
+        scope_kind="gpu",
+    ),
+)
+CONDITIONS = CONDITIONS + GPU_CONDITIONS
 CONDITIONS_BY_ID = {c.id: c for c in CONDITIONS}

@@ -5,11 +5,13 @@ Pure and deterministic given the store's contents and `now`; the daemon and repl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..discovery import Discovery, discover
-from ..model import VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..signals import compute_signals, vllm_window
+from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..signals import GPU_SIGNALS, SIGNALS, compute_signals
+from ..signals import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
 from .conditions import CONDITIONS, Condition
 from .judge import Judge, Term
@@ -118,21 +120,24 @@ class Engine:
         found = discover(store, self.configured_max_num_seqs)
         global_signals = {"vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now)}
 
-        by_window: dict[float, dict[str, dict[str, float | None]]] = {}
+        cache: dict[tuple[str, float], dict[str, dict[str, float | None]]] = {}
 
-        def signals_for(window: float) -> dict[str, dict[str, float | None]]:
-            if window not in by_window:
-                view = vllm_window(store, now, window)
-                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs) for scope in view.scopes()}
+        def signals_for(source: str, window: float) -> dict[str, dict[str, float | None]]:
+            """scope -> signals for one source and window, the aggregate under AGGREGATE_SCOPE."""
+            if (source, window) not in cache:
+                view = signals_window(store, source, now, window)
+                table = GPU_SIGNALS if source == GPU_SOURCE else SIGNALS
+                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in view.scopes()}
                 if per_scope:
-                    per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs)
-                by_window[window] = per_scope
-            return by_window[window]
+                    per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs, table)
+                cache[(source, window)] = per_scope
+            return cache[(source, window)]
 
         verdicts = []
         for condition in self.conditions:
             settings = self.settings[condition.id]
-            outcome = self._judge(condition, settings, signals_for(settings.window_seconds), global_signals, health, found)
+            per_scope = self._scoped_signals(condition, signals_for, settings.window_seconds, health)
+            outcome = self._judge(condition, settings, per_scope, global_signals, health, found)
             debounce = self._debounce[condition.id]
             debounce.step(outcome.raw, now, settings)
             if outcome.cause is not None:
@@ -160,13 +165,35 @@ class Engine:
         self.evaluations += 1
         return Snapshot(
             timestamp=now,
-            signals=signals_for(self.window_seconds),
+            signals={
+                **signals_for(VLLM_SOURCE, self.window_seconds),
+                **{f"gpu:{k}" if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
+            },
             verdicts=tuple(verdicts),
             sources=sources,
             evaluations=self.evaluations,
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
+            gpu_latest=gpu.samples if (gpu := store.latest(GPU_SOURCE)) is not None and gpu.ok else {},
         )
+
+    @staticmethod
+    def _scoped_signals(
+        condition: Condition,
+        signals_for: Callable[[str, float], dict[str, dict[str, float | None]]],
+        window: float,
+        health: dict[str, SourceHealth],
+    ) -> dict[str, dict[str, float | None]]:
+        """The scopes a condition is judged in, each with the signals it may read. Engine-scoped
+        conditions see the aggregate of the watched GPUs next to their engine's vLLM signals."""
+        if condition.scope_kind == "gpu":
+            return signals_for(GPU_SOURCE, window)
+        if condition.scope_kind == "global":
+            return {}
+        engines = signals_for(VLLM_SOURCE, window)
+        gpu_up = health.get(GPU_SOURCE) is not None and health[GPU_SOURCE].up
+        gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if gpu_up else {}
+        return {scope: {**values, **gpus} for scope, values in engines.items()}
 
     def _judge(
         self,
@@ -180,19 +207,18 @@ class Engine:
         down = [name for name in condition.sources if health.get(name) is None or not health[name].up]
         if down:
             reasons = [
-                f"source {name} is down: {health[name].last_error}"
-                if name in health and health[name].up is False
-                else f"source {name} has no reading yet"
+                f"source {name} is down: {health[name].last_error}" if name in health and health[name].up is False else f"source {name} has no reading yet"
                 for name in down
             ]
             return _Outcome(None, 0.0, missing=reasons)
-        if not condition.per_engine:
+        if condition.scope_kind == "global":
             judge = Judge(global_signals, settings.thresholds, "")
             term = condition.predicate(judge)
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
         scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
         if not scopes:
-            return _Outcome(None, 0.0, missing=[f"fewer than two vLLM scrapes in the {settings.window_seconds:.0f} s window"])
+            what = "GPU readings" if condition.scope_kind == "gpu" else "vLLM scrapes"
+            return _Outcome(None, 0.0, missing=[f"no {what} in the {settings.window_seconds:.0f} s window"])
         results: list[tuple[str, Term, Judge]] = []
         for scope in scopes:
             judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope)

@@ -1,0 +1,87 @@
+"""Sidecar overhead against a real vLLM (CPU build): CPU as a share of one core, RSS, and
+/metrics latency with 1 and 50 concurrent scrapers. Prints a table; nothing is enforced.
+
+    make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60]
+
+The sidecar runs at its default cadence (scrape and evaluate every 2 s) while 8 clients keep vLLM
+busy. Scrapers run in this process on the same machine, so latency includes their client cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from tests.integration import vllm_server
+from tests.integration.conftest import start_load, start_sidecar
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def scrape_latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
+    latencies: list[float] = []
+
+    async def scraper(session: aiohttp.ClientSession) -> None:
+        for _ in range(requests_each):
+            started = time.perf_counter()
+            async with session.get(url, headers={"Accept-Encoding": "identity"}) as response:
+                await response.read()
+            latencies.append(time.perf_counter() - started)
+
+    connector = aiohttp.TCPConnector(limit=scrapers)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(scraper(session) for _ in range(scrapers)))
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=60.0, help="CPU measurement window")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = vllm_server.start(Path(tmp) / "vllm.log")
+        load = start_load(server.url, clients=8, prompt_words=100, max_tokens=200)
+        sidecar = start_sidecar(Path(tmp), server.url, "log_level: warning\n")
+        try:
+            process = psutil.Process(sidecar.process.pid)
+            time.sleep(10)  # a few windows' worth of state
+            cpu_before, wall_before = process.cpu_times(), time.monotonic()
+            time.sleep(args.seconds)
+            cpu_after, wall_after = process.cpu_times(), time.monotonic()
+            cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (wall_after - wall_before)
+            rss = process.memory_info().rss
+            one = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 300))
+            fifty = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 50, 20))
+            size = len(asyncio.run(fetch(sidecar.url + "/metrics")))
+        finally:
+            load.stop()
+            sidecar.process.terminate()
+            sidecar.process.wait(timeout=10)
+            server.stop()
+    cores = psutil.cpu_count()
+    print(f"machine: {platform.machine()}, {cores} cores, {platform.processor() or 'cpu'}; python {platform.python_version()}")
+    print(f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every 2 s, vLLM under 8 clients): {cpu * 100:.2f} % of one core")
+    print(f"sidecar RSS: {rss / 1e6:.1f} MB; /metrics body {size} bytes")
+    for name, values in (("1 scraper", one), ("50 scrapers", fifty)):
+        print(f"/metrics latency, {name} ({len(values)} requests): p50 {statistics.median(values) * 1000:.2f} ms, p99 {percentile(values, 0.99) * 1000:.2f} ms")
+
+
+async def fetch(url: str) -> bytes:
+    async with aiohttp.ClientSession() as session, session.get(url, headers={"Accept-Encoding": "identity"}) as response:
+        return await response.read()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Layer 3 (GPU): NVML and, on Hopper and newer, GPM — per GPU that the watched vLLM uses.
+
+Every NVML call blocks (ctypes; the GIL is released), so the daemon runs `collect()` in a thread.
+A field a GPU does not support is skipped and listed once as unsupported, not counted as an error.
+Without the library, a driver or a GPU, a Reading says so once per state change and the rest of
+the sidecar keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from ..model import GPU_SOURCE, Labels, Reading, SeriesKey, make_labels
+
+log = logging.getLogger(__name__)
+
+# nvmlDeviceGetCurrentClocksEventReasons bits (REFERENCE.md §4)
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
+STATIC_REFRESH_SECONDS = 60.0  # power limit, memory total, max link: they change only by admin action
+MIB = 1024 * 1024
+
+
+def parse_visible_devices(value: str) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES -> device indices or UUIDs; None for "all"."""
+    value = value.strip()
+    if value in ("", "all"):
+        return None
+    if value in ("none", "void", "NoDevFiles"):
+        return []
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+@dataclass
+class _Device:
+    index: int
+    uuid: str
+    handle: Any
+    gpm: bool = False
+    gpm_samples: list[Any] = field(default_factory=list)  # [previous, current], swapped each tick
+    gpm_previous_time: float | None = None
+    gpm_request: Any = None  # one metrics struct, reused tick after tick
+    labels: dict[tuple[str, str], Labels] = field(default_factory=dict)  # built once per series
+    static: dict[str, float | None] = field(default_factory=dict)  # limits and maxima, refreshed slowly
+    static_time: float = -math.inf
+
+
+class GpuSource:
+    def __init__(
+        self,
+        selection: list[str] | None = None,
+        vllm_pids: Callable[[], list[int]] = list,
+        use_gpm: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.selection = selection
+        self.vllm_pids = vllm_pids
+        self.use_gpm = use_gpm
+        self.clock = clock
+        self._nvml: Any = None
+        self._devices: list[_Device] | None = None
+        self._rule = ""
+        self._unsupported: set[str] = set()
+        self._last_state: str | None = None
+        self._xid_counts: dict[tuple[int, int], int] = {}
+        self._xid_lock = threading.Lock()
+        self._xid_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def _init(self) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            raise _Unavailable("no_library", "nvidia-ml-py is not installed (pip install 'vllm-triage[gpu]')") from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise _Unavailable("no_driver", f"NVML cannot start ({exc}): no NVIDIA driver or library visible to the sidecar") from None
+        self._nvml = pynvml
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            raise _Unavailable("no_gpu", "NVML sees no GPU")
+        every = []
+        for index in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            every.append(_Device(index, uuid, handle))
+        chosen, self._rule = self._select(every)
+        for device in chosen:
+            device.gpm = self.use_gpm and self._gpm_supported(device)
+        self._devices = chosen
+        log.info(
+            "GPU source: watching GPU(s) %s (chosen by %s); GPM %s",
+            ",".join(str(d.index) for d in chosen),
+            self._rule,
+            "on" if any(d.gpm for d in chosen) else "not supported: SM activity falls back to util.gpu",
+        )
+        self._xid_thread = threading.Thread(target=self._watch_xid, name="nvml-xid", daemon=True)
+        self._xid_thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._nvml is not None and self._devices is not None:
+            for device in self._devices:
+                for sample in device.gpm_samples:
+                    try:
+                        self._nvml.nvmlGpmSampleFree(sample)
+                    except self._nvml.NVMLError:
+                        pass
+
+    def _select(self, every: list[_Device]) -> tuple[list[_Device], str]:
+        """Config first, then the vLLM processes' *_VISIBLE_DEVICES, then NVML's process list, then all."""
+
+        def pick(wanted: list[str]) -> list[_Device]:
+            return [d for d in every if str(d.index) in wanted or d.uuid in wanted or any(d.uuid.startswith(w) for w in wanted if len(w) > 8)]
+
+        if self.selection:
+            return pick(self.selection), "config"
+        pids = self.vllm_pids()
+        for variable in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+            for pid in pids:
+                try:
+                    value = psutil.Process(pid).environ().get(variable)
+                except (psutil.Error, OSError):
+                    continue
+                if value is None:
+                    continue
+                wanted = parse_visible_devices(value)
+                if wanted is None:
+                    return every, f"{variable}=all of vLLM pid {pid}"
+                chosen = pick(wanted)
+                if chosen:
+                    return chosen, f"{variable}={value} of vLLM pid {pid}"
+        if pids:
+            assert self._nvml is not None
+            using = []
+            for device in every:
+                try:
+                    running = {p.pid for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)}
+                except self._nvml.NVMLError:
+                    continue
+                if running & set(pids):
+                    using.append(device)
+            if using:
+                return using, "NVML's compute process list"
+        return every, "all visible GPUs (no vLLM process or device variable seen)"
+
+    def _gpm_supported(self, device: _Device) -> bool:
+        nvml = self._nvml
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
+                return False
+            device.gpm_samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            return True
+        except (nvml.NVMLError, AttributeError):
+            return False
+
+    def _watch_xid(self) -> None:
+        """XID errors arrive as NVML events; waiting blocks, hence this thread."""
+        nvml = self._nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+            for device in self._devices or []:
+                try:
+                    nvml.nvmlDeviceRegisterEvents(device.handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                except nvml.NVMLError:
+                    continue
+        except nvml.NVMLError as exc:
+            log.info("GPU source: XID events not available (%s)", exc)
+            return
+        index_of = {d.uuid: d.index for d in self._devices or []}
+        while not self._stop.is_set():
+            try:
+                data = nvml.nvmlEventSetWait_v2(event_set, 1000)
+            except nvml.NVMLError:
+                continue  # timeout: no event this second
+            try:
+                index = index_of.get(_text(nvml.nvmlDeviceGetUUID(data.device)), -1)
+            except nvml.NVMLError:
+                index = -1
+            with self._xid_lock:
+                key = (index, int(data.eventData))
+                self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
+            log.warning("GPU source: XID %d on GPU %d", data.eventData, index)
+
+    # --- collection ------------------------------------------------------------------------
+    def collect(self) -> Reading:
+        start = time.perf_counter()
+        timestamp = self.clock()
+        try:
+            if self._devices is None:
+                self._init()
+            samples, problems = self._read_all()
+        except _Unavailable as exc:
+            reading = Reading(GPU_SOURCE, timestamp, False, error=exc.message, error_reason=exc.reason, duration_seconds=time.perf_counter() - start)
+            self._log_state(reading)
+            return reading
+        meta: dict[str, Any] = {
+            "gpus": [{"gpu": d.index, "uuid": d.uuid, "gpm": d.gpm} for d in self._devices or []],
+            "selection": self._rule,
+        }
+        if self._unsupported:
+            meta["unsupported"] = sorted(self._unsupported)
+        reading = Reading(
+            GPU_SOURCE,
+            timestamp,
+            True,
+            samples,
+            error="; ".join(problems) or None,
+            error_reason="nvml_error" if problems else None,
+            duration_seconds=time.perf_counter() - start,
+            meta=meta,
+        )
+        self._log_state(reading)
+        return reading
+
+    def _read_all(self) -> tuple[dict[SeriesKey, float], list[str]]:
+        samples: dict[SeriesKey, float] = {}
+        problems: list[str] = []
+        for device in self._devices or []:
+            try:
+                self._read_device(device, samples)
+            except self._nvml.NVMLError as exc:
+                problems.append(f"GPU {device.index}: {exc}")
+        with self._xid_lock:
+            for (index, xid), count in self._xid_counts.items():
+                samples[("gpu_xid_errors_total", make_labels({"gpu": str(index), "xid": str(xid)}))] = float(count)
+        return samples, problems
+
+    def _field(self, name: str, read: Callable[[], Any]) -> Any:
+        """One NVML read; NOT_SUPPORTED (and functions missing from old drivers) means 'skip'."""
+        if name in self._unsupported:
+            return None
+        nvml = self._nvml
+        try:
+            return read()
+        except nvml.NVMLError_NotSupported:
+            self._unsupported.add(name)
+        except nvml.NVMLError_FunctionNotFound:
+            self._unsupported.add(name)
+        return None
+
+    def _read_device(self, device: _Device, out: dict[SeriesKey, float]) -> None:
+        nvml = self._nvml
+        h = device.handle
+
+        def put(name: str, value: float | None, reason: str = "") -> None:
+            if value is None:
+                return
+            labels = device.labels.get((name, reason))
+            if labels is None:
+                extra = {"reason": reason} if reason else {}
+                labels = device.labels[(name, reason)] = make_labels({"gpu": str(device.index), "uuid": device.uuid, **extra})
+            out[(name, labels)] = float(value)
+
+        now = time.monotonic()
+        if now - device.static_time >= STATIC_REFRESH_SECONDS:
+            memory_info = self._field("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2))
+            limit = self._field("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+            device.static = {
+                "gpu_memory_total_bytes": None if memory_info is None else memory_info.total,
+                "gpu_power_limit_watts": None if limit is None else limit / 1000,
+                "gpu_pcie_link_generation_max": self._field("pcie_gen_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                "gpu_pcie_link_width_max": self._field("pcie_width_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+            }
+            device.static_time = now
+        for name, value in device.static.items():
+            put(name, value)
+        util = self._field("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+        if util is not None:
+            put("gpu_utilization_ratio", util.gpu / 100)
+            put("gpu_memory_activity_ratio", util.memory / 100)
+        memory = self._field("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2))
+        put("gpu_memory_used_bytes", None if memory is None else memory.used)
+        power = self._field("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
+        put("gpu_power_watts", None if power is None else power / 1000)
+        put("gpu_temperature_celsius", self._field("temperature", lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)))
+        sm_clock = self._field("sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+        put("gpu_sm_clock_hertz", None if sm_clock is None else sm_clock * 1e6)
+        mem_clock = self._field("memory_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
+        put("gpu_memory_clock_hertz", None if mem_clock is None else mem_clock * 1e6)
+        reasons = self._field("clock_event_reasons", lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(h))
+        if reasons is not None:
+            for reason, bit in CLOCK_EVENT_REASONS.items():
+                put("gpu_clock_event_active", 1.0 if reasons & bit else 0.0, reason)
+        put("gpu_pcie_link_generation", self._field("pcie_gen", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)))
+        put("gpu_pcie_link_width", self._field("pcie_width", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)))
+        put("gpu_pcie_replay_errors_total", self._field("pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h)))
+        put("gpu_gpm_supported", 1.0 if device.gpm else 0.0)
+        if device.gpm:
+            self._read_gpm(device, put)
+        else:
+            # Without GPM, PCIe throughput comes from a call that blocks ~20 ms per direction.
+            tx = self._field("pcie_throughput", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES))
+            rx = self._field("pcie_throughput", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES))
+            put("gpu_pcie_tx_bytes_per_second", None if tx is None else tx * 1024)
+            put("gpu_pcie_rx_bytes_per_second", None if rx is None else rx * 1024)
+
+    def _read_gpm(self, device: _Device, put: Callable[..., None]) -> None:
+        """Tick-to-tick GPM: the previous tick's sample is the start of this window."""
+        nvml = self._nvml
+        now = time.monotonic()
+        previous, current = device.gpm_samples
+        if device.gpm_previous_time is not None and now - device.gpm_previous_time < GPM_MIN_INTERVAL_SECONDS:
+            return
+        nvml.nvmlGpmSampleGet(device.handle, current)
+        wanted = [
+            (nvml.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio", 0.01),
+            (nvml.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio", 0.01),
+            (nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio", 0.01),
+            (nvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_bandwidth_utilization_ratio", 0.01),
+            (nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "gpu_pcie_tx_bytes_per_second", MIB),  # GPM says MiB/s
+            (nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "gpu_pcie_rx_bytes_per_second", MIB),
+        ]
+        if device.gpm_previous_time is not None:
+            request = device.gpm_request
+            if request is None:
+                request = device.gpm_request = nvml.c_nvmlGpmMetricsGet_t()
+                request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+                request.numMetrics = len(wanted)
+                for i, (metric_id, _, _) in enumerate(wanted):
+                    request.metrics[i].metricId = metric_id
+            request.sample1 = previous
+            request.sample2 = current
+            nvml.nvmlGpmMetricsGet(request)
+            for i, (_, name, scale) in enumerate(wanted):
+                metric = request.metrics[i]
+                if metric.nvmlReturn == nvml.NVML_SUCCESS:
+                    put(name, max(0.0, metric.value * scale))
+        device.gpm_samples = [current, previous]
+        device.gpm_previous_time = now
+
+    def _log_state(self, reading: Reading) -> None:
+        state = reading.error_reason or "ok"
+        if state != self._last_state:
+            if reading.ok and not reading.error:
+                log.info("GPU source: reading %d GPU(s)", len(reading.meta.get("gpus", [])))
+            else:
+                log.warning("GPU source: %s [%s]", reading.error, state)
+            self._last_state = state
+
+
+class _Unavailable(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,77 @@
+"""Live on a real NVIDIA GPU: run workloads with known bottlenecks next to the sidecar's GPU source,
+then check every GPU verdict against each phase's truth (truth.py). Skipped without a GPU.
+
+    pytest -m gpu tests/gpu           # GPU_CAPTURE_DIR=dir keeps the capture and phase marks
+
+The same check runs in CI on the captures this test recorded on the H200 (tests/data/gpu-h200-*).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from vllm_triage.sources.gpu import GpuSource
+
+from .truth import check, read_phases, replay_config
+
+pytestmark = pytest.mark.gpu
+PHASES = ("idle:15", "compute:30", "copy_d2d:30", "copy_h2d:30", "copy_h2d_only:30", "starved:30", "mixed:36", "idle:15")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_gpu():
+    probe = GpuSource().collect()
+    if not probe.ok:
+        pytest.skip(f"no GPU here: {probe.error}")
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_triage.cli", *args]
+
+
+def test_every_gpu_verdict_matches_the_workload(tmp_path):
+    out = Path(os.environ.get("GPU_CAPTURE_DIR", tmp_path))
+    capture = out / "gpu-h200-live.jsonl.gz"
+    seconds = sum(float(p.split(":")[1]) for p in PHASES) + 10
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'exporter'}:{REPO}"}
+    recorder = subprocess.Popen(
+        cli("record", "--sources", "gpu", "--gpu-interval-seconds", "0.5", "--seconds", str(seconds), "--out", str(capture)), env=env, cwd=REPO
+    )
+    time.sleep(3)
+    marks = subprocess.run([sys.executable, "-m", "tests.gpu.workloads", *PHASES], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    recorder.wait(timeout=seconds + 60)
+    phase_file = out / "gpu-h200-live.json"
+    phase_file.write_text(json.dumps([(line.split()[1], float(line.split()[-1])) for line in marks.stdout.splitlines() if line.startswith("phase ")]))
+    problems = check(capture, read_phases(phase_file), replay_config(tmp_path))
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_serve_exports_the_gpu_layer(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'exporter'}:{REPO}"}
+    port = "10399"
+    server = subprocess.Popen(cli("serve", "--sources", "gpu", "--listen", f"127.0.0.1:{port}"), env=env, cwd=REPO)
+    try:
+        time.sleep(5)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        (tmp_path / "metrics.txt").write_text(body)
+        assert 'vllm_triage_source_up{source="gpu"} 1.0' in body
+        for family in (
+            "vllm_triage_gpu_sm_active_ratio",
+            "vllm_triage_gpu_utilization_ratio",
+            "vllm_triage_gpu_window_busy_ratio",
+            "vllm_triage_gpu_clock_event_active",
+        ):
+            assert family in body
+        if "GPU_CAPTURE_DIR" in os.environ:
+            (Path(os.environ["GPU_CAPTURE_DIR"]) / "metrics.txt").write_text(body)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

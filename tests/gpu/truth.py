@@ -1,0 +1,79 @@
+"""What each GPU workload phase must produce, checked the same way live on a GPU (test_gpu_live)
+and in CI on the captures recorded there (tests/unit/test_gpu_captures.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from vllm_triage.capture import read_readings
+from vllm_triage.config import Config, load
+from vllm_triage.daemon import replay
+from vllm_triage.diagnosis.conditions import GPU_CONDITIONS
+
+GPU_IDS = {c.id for c in GPU_CONDITIONS}
+
+# Short windows so that 30-40 s phases have a steady part; thresholds keep their defaults.
+REPLAY_CONFIG = """
+window_seconds: 8
+tick_seconds: 1
+conditions:
+""" + "".join(f"  {cid}: {{for_seconds: 2, clear_for_seconds: 2}}\n" for cid in sorted(GPU_IDS))
+
+# phase -> (conditions that must be active, conditions that must not be)
+EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "idle": (set(), GPU_IDS),
+    "compute": ({"compute_bound"}, GPU_IDS - {"compute_bound"}),
+    "copy_d2d": ({"memory_bandwidth_bound"}, GPU_IDS - {"memory_bandwidth_bound"}),
+    "copy_h2d": ({"gpu_busy_not_computing"}, {"compute_bound", "memory_bandwidth_bound", "gpu_throttled", "pcie_link_degraded"}),
+    "copy_h2d_only": ({"gpu_busy_not_computing", "pcie_saturated"}, {"compute_bound", "memory_bandwidth_bound", "gpu_throttled", "pcie_link_degraded"}),
+    "starved": (set(), GPU_IDS),
+    "mixed": (set(), {"gpu_busy_not_computing", "memory_bandwidth_bound", "pcie_saturated", "gpu_throttled", "pcie_link_degraded"}),
+}
+
+
+def replay_config(tmp_path: Path) -> Config:
+    path = tmp_path / "gpu-replay.yaml"
+    path.write_text(REPLAY_CONFIG)
+    return load(str(path), env={})
+
+
+def read_phases(path: Path) -> list[tuple[str, float, float]]:
+    """(name, start, end) from the workload's `phase NAME at T` lines, or their JSON copy."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        marks = json.loads(text)
+    else:
+        marks = [(line.split()[1], float(line.split()[-1])) for line in text.splitlines() if line.startswith("phase ")]
+    return [(name, start, end) for (name, start), (_, end) in itertools.pairwise(marks)]
+
+
+def check(capture: Path, phases: list[tuple[str, float, float]], config: Config) -> list[str]:
+    """Replay the capture; in the steady part of each phase (after one window and `for`), every
+    expected condition must be active and every excluded one not. Returns the violations."""
+    readings = list(read_readings(capture))
+    settle = config.window_seconds + 4
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+
+    def on_tick(snapshot):  # type: ignore[no-untyped-def]
+        phase = next(((n, s, e) for n, s, e in phases if s + settle <= snapshot.timestamp <= e - 1), None)
+        if phase is None:
+            return
+        name = phase[0]
+        want, never = EXPECTED[name]
+        states = {v.condition: v.state for v in snapshot.verdicts}
+        seen[name] = seen.get(name, 0) + 1
+        for condition in want:
+            if states.get(condition) != "active":
+                problems.append(f"{name} at +{snapshot.timestamp - phase[1]:.0f}s: {condition} is {states.get(condition)}, expected active")
+        for condition in never:
+            if states.get(condition) == "active":
+                problems.append(f"{name} at +{snapshot.timestamp - phase[1]:.0f}s: {condition} is active, expected not")
+
+    replay(readings, config, on_tick)
+    for name, _, _ in phases:
+        if name in EXPECTED and not seen.get(name):
+            problems.append(f"{name}: no steady evaluation inside the phase (too short for the window?)")
+    return problems

@@ -1,0 +1,136 @@
+"""End to end against a real vLLM (CPU build, tiny local model): idle, client underload, KV
+saturation, record/replay, and vLLM killed. The tests run in file order on one vLLM; the last
+one kills it.
+
+The sidecar runs with short windows and durations (a config file, as a user would override
+them) so that a full cycle of detect-and-clear fits in CI; thresholds keep their defaults.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from .conftest import BIN, Sidecar, get, start_load, start_sidecar
+
+pytestmark = pytest.mark.integration
+
+FAST = """
+window_seconds: 10
+scrape_interval_seconds: 1
+tick_seconds: 1
+conditions:
+  vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
+  kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
+  queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
+  preemption_storm: {for_seconds: 3, clear_for_seconds: 5}
+  client_underload: {for_seconds: 5, clear_for_seconds: 5}
+  kv_fragmentation_suspected: {for_seconds: 3, clear_for_seconds: 5}
+  ttft_high: {for_seconds: 3, clear_for_seconds: 5}
+  prefix_cache_ineffective: {enabled: false}
+"""
+
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def sidecar(vllm, tmp_path_factory):
+    sidecar = start_sidecar(tmp_path_factory.mktemp("sidecar"), vllm.url, FAST)
+    yield sidecar
+    sidecar.process.terminate()
+    sidecar.process.wait(timeout=10)
+    print("detection and clear times (s):", {k: round(v, 1) for k, v in TIMINGS.items()})
+    print(sidecar.log_path.read_text()[-3000:])
+
+
+def test_idle_vllm_is_healthy_and_discovered(sidecar: Sidecar):
+    sidecar.wait_for(lambda: sidecar.diagnosis()["evaluations"] >= 12, 30, "a full window of evaluations")
+    metrics = sidecar.metrics()
+    assert {s.labels["source"]: s.value for s in metrics["vllm_triage_source_up"]}["vllm"] == 1.0
+    assert not any(sidecar.active().values())
+    underload = sidecar.condition("client_underload")
+    assert underload["state"] == "inactive"
+    assert any("idle" in e["text"] for e in underload["evidence"])
+    discovery = sidecar.diagnosis()["discovery"]
+    assert discovery["vllm_version"] == "0.32.0"
+    assert (discovery["max_num_seqs"], discovery["max_num_seqs_origin"]) == (16, "command_line")
+    assert {"api_server", "engine_core", "worker"} <= {p["role"] for p in discovery["processes"]}
+
+
+def test_client_underload_detected_then_cleared(sidecar: Sidecar, vllm):
+    load = start_load(vllm.url, clients=2, prompt_words=50, max_tokens=100)
+    try:
+        TIMINGS["client_underload detected"] = sidecar.wait_for(lambda: sidecar.active()["client_underload"] == 1.0, 40, "client_underload active")
+        verdict = sidecar.condition("client_underload")
+        assert any(e["signal"] == "running_to_max_num_seqs_ratio" and e["holds"] for e in verdict["evidence"])
+        assert any("from the vLLM command line" in e["text"] for e in verdict["evidence"])
+        assert not sidecar.active()["kv_cache_saturated"]
+    finally:
+        load.stop()
+    TIMINGS["client_underload cleared"] = sidecar.wait_for(lambda: sidecar.active()["client_underload"] == 0.0, 40, "client_underload cleared")
+
+
+def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vllm):
+    load = start_load(vllm.url, clients=64, prompt_words=200, max_tokens=500)
+    try:
+        TIMINGS["kv_cache_saturated detected"] = sidecar.wait_for(lambda: sidecar.active()["kv_cache_saturated"] == 1.0, 90, "kv_cache_saturated active")
+        TIMINGS["queue_backlog detected"] = TIMINGS["kv_cache_saturated detected"] + sidecar.wait_for(
+            lambda: sidecar.active()["queue_backlog"] == 1.0, 30, "queue_backlog active"
+        )
+        metrics = sidecar.metrics()
+        causes = {s.labels["cause"]: s.value for s in metrics["vllm_triage_condition_cause"] if s.labels["condition"] == "queue_backlog"}
+        assert causes["kv_capacity"] == 1.0
+        kv = sidecar.condition("kv_cache_saturated")
+        assert kv["scopes"] == ["tiny/0"]
+        assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["value"] >= 0.8 for e in kv["evidence"])
+        assert sidecar.active()["client_underload"] == 0.0
+        assert sidecar.wait_for(lambda: sidecar.active()["preemption_storm"] == 1.0, 30, "preemption_storm active") >= 0
+    finally:
+        load.stop()
+    TIMINGS["kv_cache_saturated cleared"] = sidecar.wait_for(lambda: sidecar.active()["kv_cache_saturated"] == 0.0, 60, "kv_cache_saturated cleared")
+    sidecar.wait_for(lambda: not any(sidecar.active().values()), 60, "every condition cleared")
+
+
+def test_record_then_replay_twice_gives_identical_verdicts(sidecar: Sidecar, vllm, tmp_path):
+    capture = tmp_path / "capture.jsonl.gz"
+    config = tmp_path / "fast.yaml"
+    config.write_text(FAST)
+    cli = str(BIN / "vllm-triage")
+    load = start_load(vllm.url, clients=64, prompt_words=200, max_tokens=500)
+    try:
+        sidecar.wait_for(lambda: sidecar.active()["kv_cache_saturated"] == 1.0, 90, "saturation before recording")
+        record = [cli, "record", "--vllm-url", vllm.url, "--out", str(capture), "--seconds", "20", "--scrape-interval-seconds", "1"]
+        recorded = subprocess.run(record, capture_output=True, text=True, timeout=60, check=True)
+    finally:
+        load.stop()
+    # a saturated vLLM on 2 cores answers /metrics slowly: count what came, not what was asked
+    scrapes = int(re.search(r"\((\d+) successful vLLM scrapes\)", recorded.stdout).group(1))  # type: ignore[union-attr]
+    assert scrapes >= 5, recorded.stdout
+    replay = [cli, "replay", str(capture), "--config", str(config)]
+    first = subprocess.run(replay, capture_output=True, text=True, timeout=60, check=True).stdout
+    second = subprocess.run(replay, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert first == second
+    assert "kv_cache_saturated" in first and "-> active" in first
+    diagnose = [cli, "diagnose", "--capture", str(capture), "--config", str(config), "--seconds", "10"]
+    report = subprocess.run(diagnose, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "[critical] kv_cache_saturated on tiny/0" in report
+    assert "[warning] queue_backlog [cause: kv_capacity]" in report
+    sidecar.wait_for(lambda: not any(sidecar.active().values()), 60, "every condition cleared after recording")
+
+
+def test_killed_vllm_is_unreachable_while_metrics_keep_answering(sidecar: Sidecar, vllm):
+    vllm.kill()
+    killed = time.monotonic()
+    TIMINGS["vllm_unreachable detected"] = sidecar.wait_for(lambda: sidecar.active()["vllm_unreachable"] == 1.0, 30, "vllm_unreachable active")
+    started = time.monotonic()
+    status, _ = get(sidecar.url + "/metrics")
+    assert status == 200 and time.monotonic() - started < 1.0  # served from the snapshot, not blocked on vLLM
+    metrics = sidecar.metrics()
+    assert {s.labels["source"]: s.value for s in metrics["vllm_triage_source_up"]}["vllm"] == 0.0
+    assert {s.labels["reason"] for s in metrics["vllm_triage_source_errors"] if s.labels["source"] == "vllm"} == {"connect"}
+    kv = sidecar.condition("kv_cache_saturated")
+    assert kv["state"] == "unknown" and any("source vllm is down" in m for m in kv["missing_inputs"])
+    assert time.monotonic() - killed < 30

@@ -1,0 +1,91 @@
+"""Starts and stops a real vLLM (CPU build) serving the tiny local model, for tests and recordings.
+
+The venv and the model come from `make vllm-env` (paths in VLLM_TRIAGE_VLLM_PYTHON and
+VLLM_TRIAGE_TINY_MODEL, set by the Makefile). Startup takes ~25-40 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = Path.home() / ".cache" / "vllm-triage"
+MODEL_NAME = "tiny"
+MAX_NUM_SEQS = 16
+KV_BLOCKS = 40  # x block size 128 = 5120 tokens: 48+ clients of 200+300 tokens saturate it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VllmServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop the server and its EngineCore/Worker children (one process group)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+    def kill(self) -> None:
+        """Kill it the way the OOM killer would: no goodbye."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def paths() -> tuple[Path, Path]:
+    python = Path(os.environ.get("VLLM_TRIAGE_VLLM_PYTHON", DEFAULT_HOME / "vllm-venv" / "bin" / "python"))
+    model = Path(os.environ.get("VLLM_TRIAGE_TINY_MODEL", DEFAULT_HOME / "tiny-llama"))
+    return python, model
+
+
+def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.0) -> VllmServer:
+    python, model = paths()
+    if not python.exists() or not (model / "config.json").exists():
+        raise RuntimeError(f"vLLM venv or tiny model missing ({python}, {model}): run `make vllm-env` first")
+    port = port or free_port()
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", MODEL_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "1024", "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--num-gpu-blocks-override", str(KV_BLOCKS), "--enforce-eager",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    log = open(log_path, "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = VllmServer(process, port, log_path)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode} during startup; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"vLLM did not become healthy within {startup_timeout:.0f} s; see {log_path}")

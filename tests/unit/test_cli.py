@@ -1,0 +1,116 @@
+"""The command line as a user meets it: help, bad config, replay and diagnose of the demo capture."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from vllm_triage.capture import CaptureWriter, demo_capture_path, read_readings
+from vllm_triage.cli import main
+from vllm_triage.config import OPTIONS
+
+
+def test_serve_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for option in OPTIONS:
+        assert option.flag in out
+        assert option.env in out.replace("\n", " ").replace("  ", " ") or option.env in out
+
+
+def test_bad_config_value_stops_startup_with_a_named_key(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("conditions:\n  ttft_high:\n    ttft_p95_max_seconds: -1\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "conditions.ttft_high.ttft_p95_max_seconds" in err and "-1" in err and ">= 0" in err
+
+
+def test_bad_flag_value_is_named(capsys):
+    assert main(["serve", "--vllm-url", "ftp://x"]) == 2
+    assert "vllm_url" in capsys.readouterr().err
+
+
+def test_replay_of_a_missing_or_foreign_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nope.jsonl.gz")]) == 2
+    assert "cannot open capture" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.jsonl.gz"
+    with gzip.open(foreign, "wt") as handle:
+        handle.write('{"hello": 1}\n')
+    assert main(["replay", str(foreign)]) == 2
+    assert "not a vllm-triage capture" in capsys.readouterr().err
+
+
+def test_demo_replay_walks_through_idle_underload_and_saturation(capsys):
+    """The bundled capture was recorded from a real vLLM; replayed with default settings it must
+    show the story it was recorded for, in order."""
+    assert main(["replay", "demo", "--json"]) == 0
+    changes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    activations = [(c["offset_seconds"], c["condition"]) for c in changes if c["state"] == "active"]
+    first = {}
+    for offset, condition in activations:
+        first.setdefault(condition, offset)
+    assert "client_underload" in first and "kv_cache_saturated" in first and "queue_backlog" in first
+    assert first["client_underload"] < first["kv_cache_saturated"]
+    assert "vllm_unreachable" not in first
+    backlog = next(c for c in changes if c["condition"] == "queue_backlog" and c["state"] == "active")
+    assert backlog["cause"] == "kv_capacity"
+    # by the end (recovery) the saturation has cleared
+    last_state = {}
+    for change in changes:
+        last_state[change["condition"]] = change["state"]
+    assert last_state["kv_cache_saturated"] == "inactive"
+
+
+def test_replaying_twice_gives_identical_output(capsys):
+    main(["replay", "demo"])
+    first = capsys.readouterr().out
+    main(["replay", "demo"])
+    assert capsys.readouterr().out == first
+    assert "kv_cache_saturated" in first
+
+
+def test_diagnose_capture_at_a_moment_prints_an_actionable_report(capsys):
+    readings = list(read_readings(demo_capture_path()))
+    span = readings[-1].timestamp - readings[0].timestamp
+    assert main(["diagnose", "--capture", "demo", "--at", str(span * 0.78), "--seconds", "60"]) == 0
+    report = capsys.readouterr().out
+    assert "WHAT IS WRONG" in report
+    assert "kv_cache_saturated" in report and "next actions:" in report
+    assert "max_num_seqs=16 (from the vLLM command line" in report
+
+
+def test_capture_round_trip(tmp_path):
+    readings = list(read_readings(demo_capture_path()))[:20]
+    path = tmp_path / "copy.jsonl.gz"
+    with CaptureWriter(path) as writer:
+        for reading in readings:
+            writer.write(reading)
+    assert list(read_readings(path)) == readings
+
+
+def test_generated_docs_are_current():
+    from pathlib import Path
+
+    from vllm_triage.generate import main as generate
+
+    assert generate([str(Path(__file__).resolve().parents[2]), "--check"]) == 0, "run `make generate` and commit"
+
+
+def test_a_capture_cut_short_replays_what_it_holds(tmp_path, capsys):
+    """A recorder that was killed leaves a gzip stream without its end: the readings before the
+    cut are still evidence."""
+    whole = tmp_path / "whole.jsonl.gz"
+    readings = list(read_readings(demo_capture_path()))[:60]
+    with CaptureWriter(whole) as writer:
+        for reading in readings:
+            writer.write(reading)
+    cut = tmp_path / "cut.jsonl.gz"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    kept = list(read_readings(cut))
+    assert 0 < len(kept) < len(readings)
+    assert kept == readings[: len(kept)]
+    assert main(["replay", str(cut)]) == 0
