@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model import PROCESS_SOURCE, VLLM_SOURCE
+from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from .store import Store
 
 
@@ -40,6 +40,8 @@ class Discovery:
     vllm_version: str | None
     api_server_args: dict[str, Any]
     processes: tuple[dict[str, Any], ...]
+    gpus: tuple[dict[str, Any], ...] = ()
+    gpu_selection: str | None = None  # which rule chose the GPUs (config, CUDA_VISIBLE_DEVICES, ...)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,8 @@ class Discovery:
             "vllm_version": self.vllm_version,
             "api_server_args": self.api_server_args,
             "processes": list(self.processes),
+            "gpus": list(self.gpus),
+            "gpu_selection": self.gpu_selection,
         }
 
 
@@ -68,4 +72,7 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
         value, why = default_max_num_seqs(version)
         origin = "default"
         text = f"max_num_seqs={value} ({why})"
-    return Discovery(value, origin, text, version, args, processes)
+    gpu = store.latest(GPU_SOURCE)
+    gpus = tuple(gpu.meta.get("gpus", ())) if gpu is not None and gpu.ok else ()
+    selection = gpu.meta.get("selection") if gpu is not None and gpu.ok else None
+    return Discovery(value, origin, text, version, args, processes, gpus, selection)

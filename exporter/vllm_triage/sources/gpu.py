@@ -35,7 +35,9 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "display_clock_setting": 0x100,
 }
 GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
-STATIC_REFRESH_SECONDS = 60.0  # power limit, memory total, max link: they change only by admin action
+# Fields that move slowly or only by admin action (limits, totals, memory vLLM preallocated,
+# temperature, link maxima, replay counter) are read every 10 s, halving NVML calls per tick.
+SLOW_REFRESH_SECONDS = 10.0
 MIB = 1024 * 1024
 
 
@@ -59,8 +61,8 @@ class _Device:
     gpm_previous_time: float | None = None
     gpm_request: Any = None  # one metrics struct, reused tick after tick
     labels: dict[tuple[str, str], Labels] = field(default_factory=dict)  # built once per series
-    static: dict[str, float | None] = field(default_factory=dict)  # limits and maxima, refreshed slowly
-    static_time: float = -math.inf
+    slow: dict[str, float | None] = field(default_factory=dict)  # see SLOW_REFRESH_SECONDS
+    slow_time: float = -math.inf
 
 
 class GpuSource:
@@ -273,27 +275,27 @@ class GpuSource:
             out[(name, labels)] = float(value)
 
         now = time.monotonic()
-        if now - device.static_time >= STATIC_REFRESH_SECONDS:
-            memory_info = self._field("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2))
+        if now - device.slow_time >= SLOW_REFRESH_SECONDS:
+            memory = self._field("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2))
             limit = self._field("power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
-            device.static = {
-                "gpu_memory_total_bytes": None if memory_info is None else memory_info.total,
+            device.slow = {
+                "gpu_memory_used_bytes": None if memory is None else memory.used,
+                "gpu_memory_total_bytes": None if memory is None else memory.total,
                 "gpu_power_limit_watts": None if limit is None else limit / 1000,
+                "gpu_temperature_celsius": self._field("temperature", lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
                 "gpu_pcie_link_generation_max": self._field("pcie_gen_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
                 "gpu_pcie_link_width_max": self._field("pcie_width_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+                "gpu_pcie_replay_errors_total": self._field("pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h)),
             }
-            device.static_time = now
-        for name, value in device.static.items():
+            device.slow_time = now
+        for name, value in device.slow.items():
             put(name, value)
         util = self._field("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
             put("gpu_utilization_ratio", util.gpu / 100)
             put("gpu_memory_activity_ratio", util.memory / 100)
-        memory = self._field("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2))
-        put("gpu_memory_used_bytes", None if memory is None else memory.used)
         power = self._field("power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
         put("gpu_power_watts", None if power is None else power / 1000)
-        put("gpu_temperature_celsius", self._field("temperature", lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)))
         sm_clock = self._field("sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
         put("gpu_sm_clock_hertz", None if sm_clock is None else sm_clock * 1e6)
         mem_clock = self._field("memory_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
@@ -304,7 +306,6 @@ class GpuSource:
                 put("gpu_clock_event_active", 1.0 if reasons & bit else 0.0, reason)
         put("gpu_pcie_link_generation", self._field("pcie_gen", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)))
         put("gpu_pcie_link_width", self._field("pcie_width", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)))
-        put("gpu_pcie_replay_errors_total", self._field("pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h)))
         put("gpu_gpm_supported", 1.0 if device.gpm else 0.0)
         if device.gpm:
             self._read_gpm(device, put)

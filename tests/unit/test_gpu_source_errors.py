@@ -1,0 +1,155 @@
+"""GPU source error paths that real hardware will not produce on demand (a field NOT_SUPPORTED,
+a GPU lost mid-run, the library missing). A minimal stand-in for pynvml replaces the module;
+everything the happy path reads is proven on the H200 (tests/gpu, tests/data/gpu-h200-*)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+from vllm_triage.sources.gpu import GpuSource, parse_visible_devices
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NotSupported(NVMLError):
+    pass
+
+
+class GpuLost(NVMLError):
+    pass
+
+
+def fake_nvml(lost: set[int] | None = None, unsupported: set[str] = frozenset(), count: int = 2) -> types.ModuleType:
+    lost = lost if lost is not None else set()
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.NVMLError_NotSupported = NotSupported
+    m.NVMLError_FunctionNotFound = type("FunctionNotFound", (NVMLError,), {})
+    m.nvmlMemory_v2 = 2
+    m.NVML_TEMPERATURE_GPU = 0
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM = 1, 2
+    m.nvmlEventTypeXidCriticalError = 8
+
+    def guard(name, index):
+        if index in lost:
+            raise GpuLost("GPU is lost")
+        if name in unsupported:
+            raise NotSupported("Not Supported")
+
+    m.nvmlInit = lambda: None
+    m.nvmlDeviceGetCount = lambda: count
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-fake-{h}"
+    m.nvmlGpmQueryDeviceSupport = lambda h: SimpleNamespace(isSupportedDevice=0)
+
+    def reading(name, value):
+        def call(h, *args, **kwargs):
+            guard(name, h)
+            return value
+
+        return call
+
+    m.nvmlDeviceGetUtilizationRates = reading("utilization", SimpleNamespace(gpu=50, memory=20))
+    m.nvmlDeviceGetMemoryInfo = reading("memory", SimpleNamespace(used=10, total=100))
+    m.nvmlDeviceGetPowerUsage = reading("power", 300000)
+    m.nvmlDeviceGetEnforcedPowerLimit = reading("power_limit", 700000)
+    m.nvmlDeviceGetTemperature = reading("temperature", 40)
+    m.nvmlDeviceGetClockInfo = reading("clock", 1500)
+    m.nvmlDeviceGetCurrentClocksEventReasons = reading("clock_event_reasons", 0x4)
+    m.nvmlDeviceGetCurrPcieLinkGeneration = reading("pcie", 5)
+    m.nvmlDeviceGetMaxPcieLinkGeneration = reading("pcie", 5)
+    m.nvmlDeviceGetCurrPcieLinkWidth = reading("pcie", 16)
+    m.nvmlDeviceGetMaxPcieLinkWidth = reading("pcie", 16)
+    m.nvmlDeviceGetPcieReplayCounter = reading("pcie_replay", 0)
+    m.nvmlDeviceGetPcieThroughput = reading("pcie_throughput", 1000)
+    m.NVML_PCIE_UTIL_TX_BYTES, m.NVML_PCIE_UTIL_RX_BYTES = 0, 1
+
+    def no_events():
+        raise NVMLError("events not supported")
+
+    m.nvmlEventSetCreate = no_events
+    return m
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    def install(**kwargs):
+        module = fake_nvml(**kwargs)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+
+    return install
+
+
+def series(reading, name):
+    return {dict(labels)["gpu"]: value for (n, labels), value in reading.samples.items() if n == name}
+
+
+def test_unsupported_field_is_skipped_not_an_error(nvml):
+    nvml(unsupported={"power", "pcie_replay"})
+    source = GpuSource()
+    reading = source.collect()
+    assert reading.ok and reading.error is None
+    assert series(reading, "gpu_power_watts") == {}
+    assert series(reading, "gpu_utilization_ratio") == {"0": 0.5, "1": 0.5}
+    assert "power" in reading.meta["unsupported"]
+    assert series(reading, "gpu_gpm_supported") == {"0": 0.0, "1": 0.0}  # no GPM: says so
+    assert series(reading, "gpu_pcie_tx_bytes_per_second") == {"0": 1024000.0, "1": 1024000.0}  # the NVML fallback
+
+
+def test_a_lost_gpu_is_reported_and_the_others_still_read(nvml):
+    module = nvml()
+    source = GpuSource()
+    assert source.collect().ok
+
+    def utilization(handle):
+        if handle == 1:
+            raise GpuLost("GPU is lost")
+        return SimpleNamespace(gpu=90, memory=1)
+
+    module.nvmlDeviceGetUtilizationRates = utilization
+    reading = source.collect()
+    assert reading.ok and reading.error_reason == "nvml_error"
+    assert "GPU 1" in (reading.error or "") and "lost" in (reading.error or "")
+    assert series(reading, "gpu_utilization_ratio") == {"0": 0.9}
+
+
+def test_missing_library_is_one_clear_message(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    reading = GpuSource().collect()
+    assert not reading.ok and reading.error_reason == "no_library"
+    assert "nvidia-ml-py" in (reading.error or "")
+
+
+def test_selection_by_config_index_or_uuid(nvml):
+    nvml(count=4)
+    reading = GpuSource(selection=["2", "GPU-fake-3"]).collect()
+    assert set(series(reading, "gpu_utilization_ratio")) == {"2", "3"}
+    assert reading.meta["selection"] == "config"
+
+
+def test_visible_devices_parsing():
+    assert parse_visible_devices("0,2") == ["0", "2"]
+    assert parse_visible_devices("all") is None
+    assert parse_visible_devices("none") == []
+    assert parse_visible_devices("GPU-abc, GPU-def") == ["GPU-abc", "GPU-def"]
+
+
+def test_selection_follows_the_vllm_process_cuda_visible_devices(nvml):
+    """A real process with CUDA_VISIBLE_DEVICES set, read through /proc as in a shared PID namespace."""
+    import os
+    import subprocess
+
+    nvml(count=4)
+    worker = subprocess.Popen(["sleep", "30"], env={**os.environ, "CUDA_VISIBLE_DEVICES": "1,3"})
+    try:
+        reading = GpuSource(vllm_pids=lambda: [worker.pid]).collect()
+    finally:
+        worker.kill()
+    assert set(series(reading, "gpu_utilization_ratio")) == {"1", "3"}
+    assert reading.meta["selection"] == f"CUDA_VISIBLE_DEVICES=1,3 of vLLM pid {worker.pid}"
