@@ -4,7 +4,8 @@
     make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60]
 
 The sidecar runs at its default cadence (scrape and evaluate every 2 s) while 8 clients keep vLLM
-busy. Scrapers run in this process on the same machine, so latency includes their client cost.
+busy. Scrapers run in this process on the same machine, so latency includes their client cost;
+it is measured with vLLM busy (all cores contended on a small machine) and again once it is idle.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ def main() -> None:
             cpu_after, wall_after = process.cpu_times(), time.monotonic()
             cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (wall_after - wall_before)
             rss = process.memory_info().rss
-            one = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 300))
-            fifty = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 50, 20))
+            latencies = {
+                "1 scraper, vLLM busy": asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 300)),
+                "50 scrapers, vLLM busy": asyncio.run(scrape_latencies(sidecar.url + "/metrics", 50, 20)),
+            }
+            load.stop()
+            time.sleep(15)  # vLLM drains: the CPU is the sidecar's and the scrapers'
+            latencies["1 scraper, vLLM idle"] = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 300))
+            latencies["50 scrapers, vLLM idle"] = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 50, 20))
             size = len(asyncio.run(fetch(sidecar.url + "/metrics")))
         finally:
             load.stop()
@@ -74,7 +81,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {cores} cores, {platform.processor() or 'cpu'}; python {platform.python_version()}")
     print(f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every 2 s, vLLM under 8 clients): {cpu * 100:.2f} % of one core")
     print(f"sidecar RSS: {rss / 1e6:.1f} MB; /metrics body {size} bytes")
-    for name, values in (("1 scraper", one), ("50 scrapers", fifty)):
+    for name, values in latencies.items():
         print(f"/metrics latency, {name} ({len(values)} requests): p50 {statistics.median(values) * 1000:.2f} ms, p99 {percentile(values, 0.99) * 1000:.2f} ms")
 
 
