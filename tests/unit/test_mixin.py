@@ -1,0 +1,60 @@
+"""The alerting mixin is derived from the table: every paging condition has an alert, a promtool
+test on each side and a runbook section; the PrometheusRule carries the same groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from vllm_triage import mixin
+from vllm_triage.diagnosis.conditions import CONDITIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_warning_or_critical_condition_has_an_alert_with_annotations():
+    alerts = {rule["alert"]: rule for rule in mixin.condition_alerts()}
+    for c in CONDITIONS:
+        name = mixin.alert_name(c.id)
+        if c.severity == "info":
+            assert name not in alerts
+            continue
+        rule = alerts[name]
+        assert rule["labels"]["severity"] == c.severity
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        assert name.startswith("VllmTriage")
+
+
+def test_every_alert_is_tested_firing_and_silent():
+    tests = mixin.rule_tests("x.yml")["tests"]
+    fired, silent = set(), set()
+    for test in tests:
+        for case in test["alert_rule_test"]:
+            (fired if case["exp_alerts"] else silent).add(case["alertname"])
+    every = {r["alert"] for group in mixin.rule_groups() for r in group["rules"] if "alert" in r}
+    assert fired == every
+    # silence is checked either by an empty expectation or by the exact list leaving a healthy series out
+    assert all(any(s["series"] for s in t["input_series"]) for t in tests)
+    assert every <= fired | silent
+
+
+def test_every_alert_has_a_runbook_section():
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    for group in mixin.rule_groups():
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert f"## {rule['alert']}" in runbooks
+                assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+    assert "What not to do" in runbooks and "swap" in runbooks
+
+
+def test_prometheus_rule_matches_the_rule_file():
+    rule = yaml.safe_load((ROOT / "alerts" / "prometheusrule.yaml").read_text())
+    rules = yaml.safe_load((ROOT / "alerts" / "vllm-triage.rules.yml").read_text())
+    assert rule["kind"] == "PrometheusRule" and rule["spec"]["groups"] == rules["groups"]
+
+
+def test_recording_rules_follow_level_metric_operations():
+    for rule in mixin.RECORDING_RULES:
+        level, metric, operations = rule["record"].split(":")
+        assert level and metric and operations
