@@ -148,7 +148,7 @@ def rule_groups() -> list[dict[str, Any]]:
     return [
         {"name": "vllm-triage.conditions", "rules": condition_alerts()},
         {"name": "vllm-triage.vllm", "rules": VLLM_ALERTS},
-        {"name": "vllm-triage.recording", "interval": "30s", "rules": RECORDING_RULES},
+        {"name": "vllm-triage.recording", "rules": RECORDING_RULES},
     ]
 
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.VllmServer]:
+    """One vLLM for the whole run (startup costs ~30 s); test_real_vllm.py kills it last."""
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     started = time.monotonic()
     server = vllm_server.start(log)
@@ -72,14 +74,14 @@ class Sidecar:
         pytest.fail(f"{what}: not seen within {timeout:.0f} s; conditions: {states}")
 
 
-def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str) -> Sidecar:
+def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str) -> Sidecar:
     config = tmp_path / "sidecar.yaml"
     config.write_text(config_text)
     port = vllm_server.free_port()
     log_path = tmp_path / "sidecar.log"
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        [str(BIN / "vllm-triage"), "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}"],
+        [str(BIN / "vllm-triage"), "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -113,3 +115,61 @@ def start_load(url: str, clients: int, prompt_words: int, max_tokens: int, secon
         "--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens),
     ]  # fmt: skip
     return Load(subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+
+@dataclass
+class Prometheus:
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def api(self, path: str, **params: str) -> dict:
+        query = urllib.parse.urlencode(params)
+        status, body = get(f"{self.url}/api/v1/{path}?{query}", timeout=30)
+        assert status == 200, body
+        return json.loads(body)["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("query", query=expr)["result"]
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict]:
+        return self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="1")["result"]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+def start_prometheus(tmp_path: Path, jobs: dict[str, list[tuple[str, dict[str, str]]]], rule_file: Path) -> Prometheus:
+    """A real Prometheus (Debian's package) on loopback, scraping every second."""
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rule_file)],
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": [target], "labels": labels} for target, labels in targets]} for job, targets in jobs.items()
+        ],
+    }
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    port = vllm_server.free_port()
+    log = open(tmp_path / "prometheus.log", "wb")
+    process = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={path}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    prometheus = Prometheus(process, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if get(f"{prometheus.url}/-/ready", timeout=1)[0] == 200:
+                return prometheus
+        except OSError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise RuntimeError(f"Prometheus not ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")

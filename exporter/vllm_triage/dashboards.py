@@ -1,0 +1,403 @@
+"""Grafana dashboards (classic JSON) generated from the condition table and the metric names.
+
+They work provisioned, loaded by the kube-prometheus-stack sidecar, or imported by hand:
+`__inputs: []`, a `datasource` variable, stable uids, `$__rate_interval` in every rate().
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
+from .mixin import RECORDING_RULES
+
+DS = {"type": "prometheus", "uid": "$datasource"}
+SIDECAR = 'namespace=~"$namespace",pod=~"$pod"'
+VLLM = 'namespace=~"$namespace",pod=~"$pod",model_name=~"$model",engine=~"$engine"'
+GPU = 'namespace=~"$namespace",pod=~"$pod"'
+
+
+def _q(vllm_metric: str) -> str:
+    """vLLM metric selector (vLLM's own names keep their colon)."""
+    return f"{vllm_metric}{{{VLLM}}}"
+
+
+def _quantile(q: float, histogram: str, old: str | None = None) -> str:
+    expr = f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{{{VLLM}}}[$__rate_interval])))"
+    if old:
+        expr = f"({expr}) or histogram_quantile({q}, sum by (le) (rate({old}_bucket{{{VLLM}}}[$__rate_interval])))"
+    return expr
+
+
+class _Layout:
+    """Places panels on Grafana's 24-column grid, row by row."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.y = 0
+        self.x = 0
+        self.next_id = 1
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {"type": "row", "title": title, "id": self._id(), "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []}
+        )
+        self.y += 1
+
+    def add(self, panel: dict[str, Any], width: int = 8, height: int = 8) -> None:
+        if self.x + width > 24:
+            self._newline()
+        panel["id"] = self._id()
+        panel["gridPos"] = {"h": height, "w": width, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += width
+        self._height = height
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += getattr(self, "_height", 8)
+            self.x = 0
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def _targets(exprs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"datasource": DS, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)} for i, (expr, legend) in enumerate(exprs)]
+
+
+def timeseries(title: str, exprs: list[tuple[str, str]], unit: str = "short", description: str = "", max_value: float | None = None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}}
+    if max_value is not None:
+        defaults["max"] = max_value
+        defaults["min"] = 0
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": _targets(exprs),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+    }
+
+
+def state_timeline(title: str, expr: str, legend: str, description: str = "") -> dict[str, Any]:
+    return {
+        "type": "state-timeline",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": _targets([(expr, legend)]),
+        "fieldConfig": {
+            "defaults": {
+                "color": {"mode": "thresholds"},
+                "thresholds": {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": 1}]},
+                "mappings": [{"type": "value", "options": {"0": {"text": "inactive"}, "1": {"text": "active"}}}],
+            },
+            "overrides": [],
+        },
+        "options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8},
+    }
+
+
+def _threshold(condition: str, name: str) -> tuple[str, str]:
+    return (f'max(vllm_triage_condition_threshold{{{SIDECAR},condition="{condition}",threshold="{name}"}})', f"threshold {condition}.{name}")
+
+
+def _variables() -> dict[str, Any]:
+    def query(name: str, label: str, expr: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "query": {"query": expr, "refId": name},
+            "definition": expr,
+            "refresh": 2,
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1,
+        }
+
+    return {
+        "list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
+            query("namespace", "Namespace", "label_values(vllm_triage_build_info, namespace)"),
+            query("pod", "Pod", 'label_values(vllm_triage_build_info{namespace=~"$namespace"}, pod)'),
+            query("model", "Model", 'label_values(vllm:num_requests_running{namespace=~"$namespace",pod=~"$pod"}, model_name)'),
+            query("engine", "Engine", 'label_values(vllm:num_requests_running{namespace=~"$namespace",pod=~"$pod"}, engine)'),
+        ]
+    }
+
+
+def _dashboard(uid: str, title: str, layout: _Layout, description: str) -> dict[str, Any]:
+    return {
+        "__inputs": [],
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["vllm", "vllm-triage"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,  # shared crosshair: the layers line up on one time axis
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": _variables(),
+        "annotations": {"list": []},
+        "links": [{"title": "vLLM triage", "type": "dashboards", "tags": ["vllm-triage"], "asDropdown": True}],
+        "panels": layout.panels,
+    }
+
+
+def overview() -> dict[str, Any]:
+    lay = _Layout()
+    lay.row("Diagnosis: which condition was active when")
+    lay.add(
+        state_timeline(
+            "Verdict timeline",
+            f"max by (condition) (vllm_triage_condition_active{{{SIDECAR}}})",
+            "{{condition}}",
+            "Each condition's debounced state. /diagnosis on the sidecar has the evidence and next actions.",
+        ),
+        width=16,
+        height=10,
+    )
+    lay.add(
+        timeseries(
+            "Condition scores (0.5 = at threshold)", [(f"max by (condition) (vllm_triage_condition_score{{{SIDECAR}}}) > 0", "{{condition}}")], max_value=1
+        ),
+        width=8,
+        height=10,
+    )
+    lay.row("Layer 1: vLLM load and latency")
+    lay.add(
+        timeseries(
+            "Running vs max_num_seqs",
+            [
+                (f"sum({_q('vllm:num_requests_running')})", "running"),
+                (f'max(vllm_triage_vllm_max_num_seqs{{{SIDECAR},model_name=~"$model",engine=~"$engine"}})', "max_num_seqs"),
+            ],
+        )
+    )
+    lay.add(timeseries("Waiting requests", [(f"sum({_q('vllm:num_requests_waiting')})", "waiting")]))
+    lay.add(
+        timeseries(
+            "KV cache usage",
+            [
+                (f"max({_q('vllm:kv_cache_usage_perc')} or {_q('vllm:gpu_cache_usage_perc')})", "KV usage"),
+                _threshold("kv_cache_saturated", "usage_min"),
+            ],
+            unit="percentunit",
+            max_value=1,
+            description="vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before ~0.10). GPU memory used says nothing here: vLLM preallocates it.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Preemptions per second",
+            [
+                (f"sum(rate({_q('vllm:num_preemptions_total')}[$__rate_interval]))", "preemptions/s"),
+                _threshold("preemption_storm", "preemptions_per_second_max"),
+            ],
+        )
+    )
+    lay.add(
+        timeseries(
+            "Time to first token",
+            [
+                (_quantile(0.5, "vllm:time_to_first_token_seconds"), "p50"),
+                (_quantile(0.95, "vllm:time_to_first_token_seconds"), "p95"),
+                _threshold("ttft_high", "ttft_p95_max_seconds"),
+            ],
+            unit="s",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Inter-token latency",
+            [
+                (_quantile(0.5, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p50"),
+                (_quantile(0.95, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p95"),
+                _threshold("itl_high", "itl_p95_max_seconds"),
+            ],
+            unit="s",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Tokens per second",
+            [
+                (f"sum(rate({_q('vllm:prompt_tokens_total')}[$__rate_interval]))", "prompt"),
+                (f"sum(rate({_q('vllm:generation_tokens_total')}[$__rate_interval]))", "generated"),
+            ],
+        )
+    )
+    lay.row("Layer 3: GPU (util.gpu next to SM active: the gap is time the GPU was busy but not computing)")
+    lay.add(
+        timeseries(
+            "util.gpu vs SM active",
+            [(f"vllm_triage_gpu_utilization_ratio{{{GPU}}}", "util.gpu {{gpu}}"), (f"vllm_triage_gpu_sm_active_ratio{{{GPU}}}", "SM active {{gpu}}")],
+            unit="percentunit",
+            max_value=1,
+        )
+    )
+    lay.add(
+        timeseries(
+            "Tensor cores and DRAM bandwidth",
+            [
+                (f"vllm_triage_gpu_tensor_active_ratio{{{GPU}}}", "tensor {{gpu}}"),
+                (f"vllm_triage_gpu_dram_bandwidth_utilization_ratio{{{GPU}}}", "DRAM BW {{gpu}}"),
+                _threshold("memory_bandwidth_bound", "dram_min"),
+            ],
+            unit="percentunit",
+            max_value=1,
+        )
+    )
+    lay.add(
+        timeseries(
+            "PCIe vs link capacity",
+            [
+                (f"vllm_triage_gpu_pcie_tx_bytes_per_second{{{GPU}}}", "tx {{gpu}}"),
+                (f"vllm_triage_gpu_pcie_rx_bytes_per_second{{{GPU}}}", "rx {{gpu}}"),
+                (f"vllm_triage_gpu_window_pcie_link_capacity_bytes_per_second{{{GPU}}}", "capacity {{gpu}}"),
+            ],
+            unit="Bps",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Power and limit",
+            [(f"vllm_triage_gpu_power_watts{{{GPU}}}", "power {{gpu}}"), (f"vllm_triage_gpu_power_limit_watts{{{GPU}}}", "limit {{gpu}}")],
+            unit="watt",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Clock event reasons (share of window)",
+            [(f"vllm_triage_gpu_window_clock_event_ratio{{{GPU}}} > 0", "{{reason}} {{gpu}}")],
+            unit="percentunit",
+            max_value=1,
+            description="sw_power_cap alone is normal at full load; hw_slowdown, thermal and power brake are throttling.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "PCIe link generation and width",
+            [
+                (f"vllm_triage_gpu_pcie_link_generation{{{GPU}}}", "gen {{gpu}}"),
+                (f"vllm_triage_gpu_pcie_link_generation_max{{{GPU}}}", "max gen {{gpu}}"),
+                (f"vllm_triage_gpu_pcie_link_width{{{GPU}}}", "width {{gpu}}"),
+            ],
+            description="Links downtrain at idle on purpose; below max while busy is pcie_link_degraded.",
+        )
+    )
+    lay.row("Sidecar health")
+    lay.add(timeseries("Source up", [(f"vllm_triage_source_up{{{SIDECAR}}}", "{{source}} {{pod}}")], max_value=1))
+    lay.add(
+        timeseries(
+            "Source errors per second",
+            [(f"sum by (source, reason) (rate(vllm_triage_source_errors_total{{{SIDECAR}}}[$__rate_interval]))", "{{source}} {{reason}}")],
+        )
+    )
+    lay.add(timeseries("Collection duration", [(f"vllm_triage_source_collect_duration_seconds{{{SIDECAR}}}", "{{source}} {{pod}}")], unit="s"))
+    return _dashboard(
+        "vllm-triage-overview",
+        "vLLM triage — overview",
+        lay,
+        "Why is vLLM slow? The sidecar's verdicts above the three layers of evidence on one time axis.",
+    )
+
+
+# Signals to show next to each condition in the drill-down (the windowed values its predicate reads).
+DRILL_DOWN: dict[str, list[tuple[str, str]]] = {
+    "kv_cache_saturated": [("vllm_triage_vllm_kv_cache_usage_ratio", "KV usage {{stat}}"), ("vllm_triage_vllm_requests_waiting", "waiting {{stat}}")],
+    "queue_backlog": [("vllm_triage_vllm_requests_waiting", "waiting {{stat}}"), ("vllm_triage_vllm_running_to_max_num_seqs_ratio", "running / max_num_seqs")],
+    "preemption_storm": [
+        ("vllm_triage_vllm_preemptions_per_second", "preemptions/s"),
+        ("vllm_triage_vllm_preemptions_per_finished_request_ratio", "per finished request"),
+    ],
+    "client_underload": [
+        ("vllm_triage_vllm_running_to_max_num_seqs_ratio", "running / max_num_seqs"),
+        ("vllm_triage_vllm_requests_waiting", "waiting {{stat}}"),
+    ],
+    "ttft_high": [("vllm_triage_vllm_ttft_seconds", "TTFT q{{quantile}}"), ("vllm_triage_vllm_queue_time_seconds_mean", "mean queue time")],
+    "itl_high": [("vllm_triage_vllm_inter_token_latency_seconds", "ITL q{{quantile}}")],
+    "request_errors": [("vllm_triage_vllm_request_error_ratio", "error ratio"), ("vllm_triage_vllm_finished_requests_per_second", "finished/s")],
+    "prefix_cache_ineffective": [("vllm_triage_vllm_prefix_cache_hit_ratio", "hit ratio"), ("vllm_triage_vllm_prefix_cache_queries_per_second", "queries/s")],
+    "kv_fragmentation_suspected": [
+        ("vllm_triage_vllm_kv_live_token_ratio", "live tokens / KV in use"),
+        ("vllm_triage_vllm_kv_last_block_waste_ratio", "last-block waste"),
+    ],
+    "gpu_busy_not_computing": [
+        ("vllm_triage_gpu_window_utilization_ratio", "util.gpu {{stat}} {{gpu}}"),
+        ("vllm_triage_gpu_window_sm_active_ratio", "SM active {{gpu}}"),
+    ],
+    "memory_bandwidth_bound": [
+        ("vllm_triage_gpu_window_dram_bandwidth_utilization_ratio", "DRAM BW {{gpu}}"),
+        ("vllm_triage_gpu_window_tensor_active_ratio", "tensor {{gpu}}"),
+    ],
+    "compute_bound": [("vllm_triage_gpu_window_tensor_active_ratio", "tensor {{gpu}}"), ("vllm_triage_gpu_window_sm_active_ratio", "SM active {{gpu}}")],
+    "pcie_saturated": [("vllm_triage_gpu_window_pcie_busiest_direction_ratio", "busier direction / capacity {{gpu}}")],
+    "pcie_link_degraded": [
+        ("vllm_triage_gpu_window_pcie_link_degraded_while_busy_ratio", "degraded while busy {{gpu}}"),
+        ("vllm_triage_gpu_window_busy_ratio", "busy {{gpu}}"),
+    ],
+    "gpu_throttled": [("vllm_triage_gpu_window_throttled_ratio", "braked {{gpu}}"), ("vllm_triage_gpu_window_clock_event_ratio", "{{reason}} {{gpu}}")],
+}
+FAMILIES = (
+    ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
+    ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective")),
+    ("GPU", tuple(c.id for c in GPU_CONDITIONS)),
+)
+
+
+def conditions() -> dict[str, Any]:
+    lay = _Layout()
+    for family, ids in FAMILIES:
+        lay.row(family)
+        for cid in ids:
+            condition = next(c for c in CONDITIONS if c.id == cid)
+            scope = GPU if condition.scope_kind == "gpu" else f'{SIDECAR},model_name=~"$model",engine=~"$engine"'
+            exprs = [(f"{family_}{{{scope}}}", legend) for family_, legend in DRILL_DOWN[cid]]
+            exprs.append((f'max(vllm_triage_condition_active{{{SIDECAR},condition="{cid}"}})', "active"))
+            exprs += [_threshold(cid, t.name) for t in condition.thresholds[:2]]
+            lay.add(timeseries(f"{cid} ({condition.severity})", exprs, description=condition.meaning))
+    return _dashboard(
+        "vllm-triage-conditions",
+        "vLLM triage — conditions",
+        lay,
+        "One panel per condition: the windowed signals its predicate reads, its thresholds and its state.",
+    )
+
+
+def fleet() -> dict[str, Any]:
+    lay = _Layout()
+    lay.row("Fleet (recording rules)")
+    titles = {
+        "namespace_condition:vllm_triage_condition_active:sum": ("Active conditions by namespace", "{{namespace}} {{condition}}"),
+        "model_name:vllm_num_requests_running:sum": ("Running requests by model", "{{namespace}} {{model_name}}"),
+        "model_name:vllm_num_requests_waiting:sum": ("Waiting requests by model", "{{namespace}} {{model_name}}"),
+        "model_name:vllm_kv_cache_usage_perc:max": ("Fullest KV cache by model", "{{namespace}} {{model_name}}"),
+        "model_name:vllm_generation_tokens:rate5m": ("Generated tokens/s by model", "{{namespace}} {{model_name}}"),
+        "model_name:vllm_prompt_tokens:rate5m": ("Prompt tokens/s by model", "{{namespace}} {{model_name}}"),
+        "model_name:vllm_time_to_first_token_seconds:p95_5m": ("TTFT p95 by model", "{{namespace}} {{model_name}}"),
+        "namespace:vllm_triage_gpu_sm_active_ratio:avg": ("Mean GPU SM activity by namespace", "{{namespace}}"),
+    }
+    for rule in RECORDING_RULES:
+        title, legend = titles[rule["record"]]
+        lay.add(timeseries(title, [(f'{rule["record"]}{{namespace=~"$namespace"}}', legend)]))
+    return _dashboard("vllm-triage-fleet", "vLLM triage — fleet", lay, "Every vLLM in the fleet, from the recording rules in alerts/.")
+
+
+DASHBOARDS = {"vllm-triage-overview.json": overview, "vllm-triage-conditions.json": conditions, "vllm-triage-fleet.json": fleet}
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) for every query of every panel: what the Prometheus test checks."""
+    return [(p["title"], t["expr"]) for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
