@@ -62,13 +62,18 @@ def condition_alerts() -> list[dict[str, Any]]:
 VLLM_ALERTS: list[dict[str, Any]] = [
     {
         "alert": "VllmKvCacheFull",
-        # Mostly full on average and full at least once: a saturated cache dips at each preemption.
-        "expr": f"{_kv_over_time('avg_over_time', '5m')} >= 0.9 and {_kv_over_time('max_over_time', '5m')} >= 0.99",
+        # Mostly full on average, full at least once (a saturated cache dips at each preemption: a
+        # real vLLM with 39 blocks averaged 0.90-0.95), and requests queueing: the sidecar's
+        # kv_cache_saturated, computed by Prometheus alone.
+        "expr": (
+            f"{_kv_over_time('avg_over_time', '5m')} >= 0.8 and {_kv_over_time('max_over_time', '5m')} >= 0.99"
+            " and avg_over_time(vllm:num_requests_waiting[5m]) > 0"
+        ),
         "for": "5m",
         "labels": {"severity": "critical"},
         "annotations": {
             "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 5 minutes ({{ $labels.model_name }})",
-            "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes and reached 100 %: new requests wait, running ones are preempted.",
+            "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes, reached 100 %, and requests queued: new requests wait, running ones are preempted.",
             "runbook_url": f"{RUNBOOK_URL}#vllmkvcachefull",
         },
     },
@@ -169,6 +174,7 @@ def prometheus_rule() -> dict[str, Any]:
 # --- promtool tests: for every alert, an input where it fires and a healthy one where it does not.
 LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:10290",job="vllm-triage"'
 VLLM_LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000",job="vllm",model_name="m",engine="0"'
+OLD_LABELS = 'namespace="llm",pod="old-0",instance="10.0.0.3:8000",job="vllm",model_name="m"'  # V0: no engine label
 
 
 def _condition_tests() -> list[dict[str, Any]]:
@@ -239,19 +245,27 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
 
     base = {"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000", "job": "vllm", "model_name": "m", "engine": "0"}
     healthy = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
+    full_idle = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-2"').replace("10.0.0.1", "10.0.0.4")
     return [
         {  # a saturated cache dips at every preemption: still pages; a busy-but-healthy one does not
             "interval": "1m",
             "input_series": [
                 {"series": f"vllm:kv_cache_usage_perc{{{VLLM_LABELS}}}", "values": "1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1 0.85 1"},
+                {"series": f"vllm:num_requests_waiting{{{VLLM_LABELS}}}", "values": "20x15"},
+                # busy but healthy: high usage, never full, nobody waiting
                 {"series": f"vllm:kv_cache_usage_perc{{{healthy}}}", "values": "0.7 0.8 0.9 0.8 0.85 0.9 0.8 0.7 0.85 0.9 0.8 0.9 0.8 0.9 0.8"},
+                {"series": f"vllm:num_requests_waiting{{{healthy}}}", "values": "0x15"},
+                # full, but nobody waits: a cache sized exactly for its load is no reason to page
+                {"series": f"vllm:kv_cache_usage_perc{{{full_idle}}}", "values": "1x15"},
+                {"series": f"vllm:num_requests_waiting{{{full_idle}}}", "values": "0x15"},
             ],
             "alert_rule_test": [silent("VllmKvCacheFull", "4m"), fires("VllmKvCacheFull", "14m", {**base, "severity": "critical"}, "92.5%")],
         },
         {  # vLLM before 0.10 exports the old name
             "interval": "1m",
             "input_series": [
-                {"series": 'vllm:gpu_cache_usage_perc{namespace="llm",pod="old-0",instance="10.0.0.3:8000",job="vllm",model_name="m"}', "values": "1x15"}
+                {"series": f"vllm:gpu_cache_usage_perc{{{OLD_LABELS}}}", "values": "1x15"},
+                {"series": f"vllm:num_requests_waiting{{{OLD_LABELS}}}", "values": "4x15"},
             ],
             "alert_rule_test": [
                 fires(

@@ -24,14 +24,18 @@ def test_each_phase_gets_its_verdict_and_only_its_verdict(capture: Path, tmp_pat
     assert not problems, "\n".join(problems[:20])
 
 
+def snapshot_at_end_of(phase: str, tmp_path):
+    """The last evaluation inside a phase of the H200 capture, replayed."""
+    capture = DATA / "gpu-h200-phases.jsonl.gz"
+    ends = {name: end for name, _, end in read_phases(DATA / "gpu-h200-phases.json")}
+    snapshots = []
+    replay([r for r in read_readings(capture) if r.timestamp <= ends[phase]], replay_config(tmp_path), snapshots.append)
+    return snapshots[-1]
+
+
 def test_util_gpu_100_percent_while_sms_idle_is_busy_not_computing(tmp_path):
     """The trap the seeds warn about, on the H200's own numbers: pinned copies read util.gpu ~1.0."""
-    capture = DATA / "gpu-h200-phases.jsonl.gz"
-    phases = {name: (start, end) for name, start, end in read_phases(DATA / "gpu-h200-phases.json")}
-    _start, end = phases["copy_h2d"]
-    snapshots = []
-    replay([r for r in read_readings(capture) if r.timestamp <= end], replay_config(tmp_path), snapshots.append)
-    last = snapshots[-1]
+    last = snapshot_at_end_of("copy_h2d", tmp_path)
     verdict = next(v for v in last.verdicts if v.condition == "gpu_busy_not_computing")
     assert verdict.state == "active"
     values = {e.signal: e.value for e in verdict.evidence}
@@ -40,14 +44,9 @@ def test_util_gpu_100_percent_while_sms_idle_is_busy_not_computing(tmp_path):
 
 
 def test_sw_power_cap_under_a_matmul_is_not_throttling(tmp_path):
-    capture = DATA / "gpu-h200-phases.jsonl.gz"
-    phases = {name: (start, end) for name, start, end in read_phases(DATA / "gpu-h200-phases.json")}
-    _, end = phases["compute"]
-    snapshots = []
-    replay([r for r in read_readings(capture) if r.timestamp <= end], replay_config(tmp_path), snapshots.append)
-    signals = snapshots[-1].signals["gpu:0"]
-    assert signals["gpu_clock_event_sw_power_cap_ratio"] > 0.9  # set nearly all the time ...
-    assert next(v for v in snapshots[-1].verdicts if v.condition == "gpu_throttled").state == "inactive"  # ... and not a throttle
+    last = snapshot_at_end_of("compute", tmp_path)
+    assert last.signals["gpu:0"]["gpu_clock_event_sw_power_cap_ratio"] > 0.9  # set nearly all the time ...
+    assert next(v for v in last.verdicts if v.condition == "gpu_throttled").state == "inactive"  # ... and not a throttle
 
 
 def test_without_a_gpu_the_gpu_conditions_are_unknown_and_the_rest_works():
