@@ -169,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
         "Sources to run, comma-separated: vllm (its /metrics), process (psutil; needs a shared PID namespace), gpu (NVML/GPM).",
         "LIST",
     ),
-    Option("process_interval_seconds", 30.0, _number(1.0), "How often to look for vLLM's processes.", "S"),
+    Option("process_interval_seconds", 2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S"),
     Option("gpu_interval_seconds", 1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S"),
     Option("gpus", None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST"),
     Option("gpm", True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL"),

@@ -297,6 +297,34 @@ def overview() -> dict[str, Any]:
             description="Links downtrain at idle on purpose; below max while busy is pcie_link_degraded.",
         )
     )
+    lay.row("Layer 3: host (the engine core and the API server can starve the GPU; busy workers cannot)")
+    lay.add(
+        timeseries(
+            "CPU per role",
+            [(f"sum by (role) (rate(vllm_triage_process_cpu_seconds_total{{{SIDECAR}}}[$__rate_interval]))", "{{role}}")],
+            unit="short",
+            description="In cores. Workers spin while they wait on the GPU: their CPU alone is no bottleneck.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Busiest thread per role (1 = a saturated core)",
+            [
+                (f"max by (role) (vllm_triage_process_busiest_thread_cpu_ratio{{{SIDECAR}}})", "{{role}}"),
+                _threshold("gpu_starved", "thread_cpu_min"),
+            ],
+            max_value=1.2,
+        )
+    )
+    lay.add(
+        timeseries(
+            "Resident memory per role",
+            [
+                (f"sum by (role) (vllm_triage_process_resident_memory_bytes{{{SIDECAR}}})", "RSS {{role}}"),
+            ],
+            unit="bytes",
+        )
+    )
     lay.row("Sidecar health")
     lay.add(timeseries("Source up", [(f"vllm_triage_source_up{{{SIDECAR}}}", "{{source}} {{pod}}")], max_value=1))
     lay.add(
@@ -334,6 +362,10 @@ DRILL_DOWN: dict[str, list[tuple[str, str]]] = {
         ("vllm_triage_vllm_kv_live_token_ratio", "live tokens / KV in use"),
         ("vllm_triage_vllm_kv_last_block_waste_ratio", "last-block waste"),
     ],
+    "gpu_starved": [
+        ("vllm_triage_process_window_busiest_thread_cpu_ratio", "busiest thread {{role}}"),
+        ("vllm_triage_gpu_window_sm_activity_ratio", "SM activity {{gpu}}"),
+    ],
     "gpu_busy_not_computing": [
         ("vllm_triage_gpu_window_utilization_ratio", "util.gpu {{stat}} {{gpu}}"),
         ("vllm_triage_gpu_window_sm_active_ratio", "SM active {{gpu}}"),
@@ -353,6 +385,7 @@ DRILL_DOWN: dict[str, list[tuple[str, str]]] = {
 FAMILIES = (
     ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
     ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective")),
+    ("Host", ("gpu_starved",)),
     ("GPU", tuple(c.id for c in GPU_CONDITIONS)),
 )
 

@@ -43,6 +43,18 @@ class Discovery:
     gpus: tuple[dict[str, Any], ...] = ()
     gpu_selection: str | None = None  # which rule chose the GPUs (config, CUDA_VISIBLE_DEVICES, ...)
 
+    def busiest_threads(self) -> list[str]:
+        """'engine_core 0 (pid 42): busiest thread "VLLM::EngineCor" (main) at 0.97 of a core', one per process."""
+        lines = []
+        for p in self.processes:
+            thread = p.get("busiest_thread")
+            if thread and p.get("role") in ("engine_core", "api_server"):
+                main = " (main thread)" if thread.get("main") else ""
+                lines.append(
+                    f'{p["role"]} {p.get("index", 0)} (pid {p["pid"]}): busiest thread "{thread["name"]}"{main} at {thread["cpu_ratio"]:.2f} of a core'
+                )
+        return lines
+
     def to_json(self) -> dict[str, Any]:
         return {
             "max_num_seqs": self.max_num_seqs,

@@ -13,15 +13,22 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
-from .diagnosis.engine import ConditionSettings
-from .model import Snapshot
-from .signals import GPU_SIGNALS, SIGNALS
+from .diagnosis.engine import HOST_SCOPE, ConditionSettings
+from .model import SeriesKey, Snapshot
+from .signals import GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
 from .store import AGGREGATE_SCOPE
 
 PREFIX = "vllm_triage"
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
 GPU_AGGREGATE_SCOPE = f"gpu:{AGGREGATE_SCOPE}"
-GPU_HELP = {
+LATEST_HELP = {
+    "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
+    "process_resident_memory_bytes": "Resident memory of a vLLM process.",
+    "process_threads": "Threads of a vLLM process.",
+    "process_busiest_thread_cpu_ratio": "The process's busiest thread since the previous sample, share of one core (1.0 = saturated).",
+    "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
+    "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
+    "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
     "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
     "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",
     "gpu_memory_used_bytes": "GPU memory used (vLLM preallocates most of it: read KV usage instead).",
@@ -69,7 +76,8 @@ class SnapshotCollector(Collector):
         yield from self._health(snapshot)
         yield from self._verdicts(snapshot)
         yield from self._signals(snapshot)
-        yield from self._gpus(snapshot)
+        yield from self._latest(snapshot.gpu_latest)
+        yield from self._latest(snapshot.process_latest)
 
     def _health(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_source_up", "1 when the source's last collection succeeded.", labels=["source"])
@@ -133,7 +141,12 @@ class SnapshotCollector(Collector):
         """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).
         Aggregates stay in /diagnosis: exported, they would double-count in sum()."""
         families: dict[str, GaugeMetricFamily] = {}
-        for prefix, table, scope_labels in ((f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]), (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"])):
+        tables: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
+            (f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]),
+            (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
+            (f"{PREFIX}_process_window_", HOST_SIGNALS, []),
+        )
+        for prefix, table, scope_labels in tables:
             for signal in table:
                 if prefix + signal.family not in families:
                     extra = [k for k, _ in signal.extra_labels]
@@ -141,7 +154,9 @@ class SnapshotCollector(Collector):
         for scope, values in sorted(snapshot.signals.items()):
             if scope in (AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE):
                 continue
-            if scope.startswith("gpu:"):
+            if scope == HOST_SCOPE:
+                prefix, table, scope_values = f"{PREFIX}_process_window_", HOST_SIGNALS, []
+            elif scope.startswith("gpu:"):
                 prefix, table, scope_values = f"{PREFIX}_gpu_window_", GPU_SIGNALS, [scope[4:]]
             else:
                 model, engine = split_scope(scope)
@@ -152,20 +167,21 @@ class SnapshotCollector(Collector):
                     families[prefix + signal.family].add_metric([*scope_values, *(v for _, v in signal.extra_labels)], value)
         yield from families.values()
 
-    def _gpus(self, snapshot: Snapshot) -> Iterator[Metric]:
-        """The last GPU reading as read (like dcgm-exporter): vllm_triage_gpu_<name>{gpu,uuid,...}."""
+    @staticmethod
+    def _latest(samples: dict[SeriesKey, float]) -> Iterator[Metric]:
+        """A source's last reading as read (like dcgm-exporter): vllm_triage_gpu_*{gpu,uuid,...},
+        vllm_triage_process_*{role,index}."""
         families: dict[str, Metric] = {}
-        for (name, labels), value in sorted(snapshot.gpu_latest.items()):
-            short = name.removeprefix("gpu_")
-            family = families.get(short)
+        for (name, labels), value in sorted(samples.items()):
+            family = families.get(name)
             if family is None:
                 keys = [k for k, _ in labels]
-                help_text = GPU_HELP.get(name, name)
-                if short.endswith("_total"):
-                    family = CounterMetricFamily(f"{PREFIX}_gpu_{short.removesuffix('_total')}", help_text, labels=keys)
+                help_text = LATEST_HELP.get(name, name)
+                if name.endswith("_total"):
+                    family = CounterMetricFamily(f"{PREFIX}_{name.removesuffix('_total')}", help_text, labels=keys)
                 else:
-                    family = GaugeMetricFamily(f"{PREFIX}_gpu_{short}", help_text, labels=keys)
-                families[short] = family
+                    family = GaugeMetricFamily(f"{PREFIX}_{name}", help_text, labels=keys)
+                families[name] = family
             family.add_metric([v for _, v in labels], value)  # type: ignore[attr-defined]
         yield from families.values()
 

@@ -186,6 +186,7 @@ class Snapshot:
     window_seconds: float
     discovery: dict[str, Any] = field(default_factory=dict)
     gpu_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last GPU Reading, as read
+    process_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last process Reading, as read
 
     def to_json(self) -> dict[str, Any]:
         return {

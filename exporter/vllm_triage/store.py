@@ -28,6 +28,8 @@ def scope_of(labels: Labels) -> str:
             engine = value
         elif key == "gpu":
             return f"gpu:{value}"  # GPU series: one scope per GPU
+        elif key == "role":
+            return f"role:{value}"  # vLLM's processes: one scope per role
     return f"{model}/{engine}"
 
 

@@ -33,7 +33,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.VllmS
     server.stop()
 
 
-def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def get(url: str, timeout: float = 15.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status, response.read()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model import GPU_SOURCE, VLLM_SOURCE
+from ..model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from .judge import Judge, Term, all_of, any_of
 
 
@@ -86,9 +86,12 @@ def _queue_backlog(j: Judge) -> Term:
         elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
             j.cause = "concurrency_cap"
             j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
+        elif (core := j.signals.get("host_engine_core_busiest_thread_cpu_ratio")) is not None and core >= j.thresholds["scheduler_thread_min"]:
+            j.cause = "scheduler_bound"
+            j.note(f"cause scheduler_bound: the engine core's busiest thread uses {core:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", core)
         else:
             j.cause = "unknown"
-            j.note("cause unknown: KV cache has room and running is below max_num_seqs (host-layer evidence needed)")
+            j.note("cause unknown: KV cache has room, running is below max_num_seqs, and the engine core is not saturated (or not visible)")
     return backlog
 
 
@@ -247,6 +250,29 @@ def _gpu_throttled(j: Judge) -> Term:
     return j.compare("gpu_throttled_ratio", ">=", "throttled_ratio_min", "share of the window with HW slowdown/thermal/power-brake clocks", upper=1.0)
 
 
+def _gpu_starved(j: Judge) -> Term:
+    pending = any_of(
+        j.compare("requests_running_mean", ">", "running_min", "requests running (window mean)"),
+        j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
+    )
+    low = j.compare("gpu_sm_activity_ratio", "<", "sm_activity_max", _sm_activity_words(j), upper=1.0)
+    mean = j.signals.get("gpu_utilization_ratio_mean")
+    swinging = all_of(
+        j.compare("gpu_utilization_ratio_cv", ">", "utilization_cv_min", "util.gpu coefficient of variation"),
+        j.fact(
+            None if mean is None else j.thresholds["swing_low"] <= mean <= j.thresholds["swing_high"],
+            "util.gpu mean between the swing bounds",
+            "gpu_utilization_ratio_mean",
+            mean,
+        ),
+    )
+    host = any_of(
+        j.compare("host_engine_core_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "engine core's busiest thread, share of a core", upper=1.0),
+        j.compare("host_api_server_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "API server's busiest thread, share of a core", upper=1.0),
+    )
+    return all_of(pending, any_of(low, swinging), host)
+
+
 _CAPACITY_ACTIONS = (
     "Capacity is the limit: lower --max-num-seqs or --max-num-batched-tokens.",
     "Raise --gpu-memory-utilization if GPU memory allows; use an fp8 KV cache (--kv-cache-dtype fp8).",
@@ -299,6 +325,7 @@ CONDITIONS: tuple[Condition, ...] = (
         next_actions=(
             "cause=kv_capacity: KV cache is the limit; see kv_cache_saturated's actions.",
             "cause=concurrency_cap: running reached max_num_seqs; raise --max-num-seqs if KV cache allows.",
+            "cause=scheduler_bound: the engine core's thread is saturated: see gpu_starved.",
             "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
         ),
         predicate=_queue_backlog,
@@ -308,8 +335,11 @@ CONDITIONS: tuple[Condition, ...] = (
             Threshold("kv_usage_for_capacity_cause", 0.8, "KV usage window mean at or above which the cause is kv_capacity", 0.0, 1.0),
             Threshold("kv_peak_for_capacity_cause", 0.95, "... and KV usage window peak at or above this", 0.0, 1.0),
             Threshold("running_ratio_for_cap_cause", 0.9, "else mean running / max_num_seqs at or above which the cause is concurrency_cap", 0.0, 1.0),
+            Threshold(
+                "scheduler_thread_min", 0.85, "else the engine core's busiest thread (share of a core) at or above which the cause is scheduler_bound", 0.0, 1.0
+            ),
         ),
-        causes=("kv_capacity", "concurrency_cap", "unknown"),
+        causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "unknown"),
     ),
     Condition(
         id="preemption_storm",
@@ -437,6 +467,36 @@ CONDITIONS: tuple[Condition, ...] = (
     ),
 )
 
+HOST_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        id="gpu_starved",
+        layer="1+3",
+        severity="warning",
+        summary="The GPU waits for the CPU side of vLLM",
+        meaning=(
+            "Work is pending but the GPU's SMs are mostly idle (or util.gpu swings), while the engine core's or the API "
+            "server's busiest thread saturates a core: the Python side cannot launch work fast enough."
+        ),
+        next_actions=(
+            "API server thread saturated (tokenisation/detokenisation): raise --api-server-count.",
+            "Engine core thread saturated: enable async scheduling, reduce per-step host work (shorter detokenisation, fewer logprobs).",
+            "Check the pod's CPU limit and throttling (vllm_triage_process_window_cgroup_throttled_ratio); give vLLM faster or more cores.",
+        ),
+        predicate=_gpu_starved,
+        thresholds=(
+            Threshold("running_min", 0.0, "mean running above this (work pending)"),
+            Threshold("waiting_min", 0.0, "or mean waiting above this"),
+            Threshold("sm_activity_max", 0.4, "GPU SM activity below this", 0.0, 1.0),
+            Threshold("utilization_cv_min", 0.3, "or util.gpu swinging: coefficient of variation above this"),
+            Threshold("swing_low", 0.3, "... with util.gpu mean at or above this", 0.0, 1.0),
+            Threshold("swing_high", 0.8, "... and at or below this", 0.0, 1.0),
+            Threshold("thread_cpu_min", 0.85, "engine core or API server busiest thread at or above this share of a core", 0.0, 1.0),
+        ),
+        dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
+        sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
+    ),
+)
+
 GPU_CONDITIONS: tuple[Condition, ...] = (
     Condition(
         id="gpu_busy_not_computing",
@@ -532,5 +592,5 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         scope_kind="gpu",
     ),
 )
-CONDITIONS = CONDITIONS + GPU_CONDITIONS
+CONDITIONS = CONDITIONS + HOST_CONDITIONS + GPU_CONDITIONS
 CONDITIONS_BY_ID = {c.id: c for c in CONDITIONS}

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..discovery import Discovery, discover
-from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..signals import GPU_SIGNALS, SIGNALS, compute_signals
+from ..model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..signals import GPU_SIGNALS, HOST_SIGNALS, SIGNALS, compute_signals
 from ..signals import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
 from .conditions import CONDITIONS, Condition
@@ -90,8 +90,12 @@ class _Outcome:
     scopes: list[str] = field(default_factory=list)
 
 
+HOST_SCOPE = "host"  # the key of the host signals in Snapshot.signals
+
 # Conditions whose evidence must say where max_num_seqs came from.
 READS_MAX_NUM_SEQS = frozenset({"client_underload", "queue_backlog"})
+# Conditions whose evidence names vLLM's processes and their busiest threads.
+READS_HOST = frozenset({"gpu_starved"})
 
 
 class Engine:
@@ -126,9 +130,11 @@ class Engine:
             """scope -> signals for one source and window, the aggregate under AGGREGATE_SCOPE."""
             if (source, window) not in cache:
                 view = signals_window(store, source, now, window)
-                table = GPU_SIGNALS if source == GPU_SOURCE else SIGNALS
-                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in view.scopes()}
-                if per_scope:
+                table = {GPU_SOURCE: GPU_SIGNALS, PROCESS_SOURCE: HOST_SIGNALS}.get(source, SIGNALS)
+                # vLLM engines and GPUs are judged one by one; host signals are per role already.
+                scopes = view.scopes() if source != PROCESS_SOURCE else []
+                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
+                if per_scope or (source == PROCESS_SOURCE and view.frames):
                     per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs, table)
                 cache[(source, window)] = per_scope
             return cache[(source, window)]
@@ -168,6 +174,7 @@ class Engine:
             signals={
                 **signals_for(VLLM_SOURCE, self.window_seconds),
                 **{f"gpu:{k}" if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
+                **({HOST_SCOPE: host} if (host := signals_for(PROCESS_SOURCE, self.window_seconds).get(AGGREGATE_SCOPE)) else {}),
             },
             verdicts=tuple(verdicts),
             sources=sources,
@@ -175,6 +182,7 @@ class Engine:
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
             gpu_latest=gpu.samples if (gpu := store.latest(GPU_SOURCE)) is not None and gpu.ok else {},
+            process_latest=process.samples if (process := store.latest(PROCESS_SOURCE)) is not None and process.ok else {},
         )
 
     @staticmethod
@@ -193,7 +201,8 @@ class Engine:
         engines = signals_for(VLLM_SOURCE, window)
         gpu_up = health.get(GPU_SOURCE) is not None and health[GPU_SOURCE].up
         gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if gpu_up else {}
-        return {scope: {**values, **gpus} for scope, values in engines.items()}
+        host = signals_for(PROCESS_SOURCE, window).get(AGGREGATE_SCOPE, {})
+        return {scope: {**values, **gpus, **host} for scope, values in engines.items()}
 
     def _judge(
         self,
@@ -224,6 +233,9 @@ class Engine:
             judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope)
             if condition.id in READS_MAX_NUM_SEQS:
                 judge.note(found.max_num_seqs_text, "max_num_seqs", found.max_num_seqs)
+            if condition.id in READS_HOST:
+                for text in found.busiest_threads():
+                    judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]
         if holding:

@@ -1,4 +1,5 @@
-"""Layer 3 (host): find the vLLM processes visible to the sidecar and read their command line.
+"""Layer 3 (host): find the vLLM processes visible to the sidecar, read their command line, and
+sample their CPU (per process and busiest thread), memory, threads and container throttling.
 
 In Kubernetes the sidecar sees vLLM's processes only when the pod shares its process namespace;
 when it does not, this source reports an empty list and discovery falls back to defaults.
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
-from ..model import PROCESS_SOURCE, Reading
+from ..model import PROCESS_SOURCE, Reading, SeriesKey, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -84,39 +87,132 @@ def role_of(cmdline: list[str], title_prefix: str) -> str | None:
     return None
 
 
+RESCAN_SECONDS = 30.0  # a full scan of /proc for vLLM's processes; sampling known ones is cheaper
+
+
+@dataclass
+class _Tracked:
+    process: psutil.Process
+    role: str
+    index: int  # small, stable per role: a label value, never the pid
+    title: str
+    args: dict[str, Any]
+    thread_times: dict[int, float] = field(default_factory=dict)  # tid -> cumulative CPU seconds
+    sampled_at: float | None = None
+
+
 class ProcessSource:
-    """Lists vLLM's processes (psutil, run in a thread by the daemon)."""
+    """Finds vLLM's processes (psutil; run in a thread by the daemon) and samples their CPU, memory,
+    threads, busiest thread and container CPU throttling. Roles: api_server, engine_core, worker."""
 
     def __init__(self, port: int | None, title_prefix: str = "VLLM", clock: Callable[[], float] = time.time) -> None:
         self.port = port
         self.title_prefix = title_prefix
         self.clock = clock
+        self._tracked: list[_Tracked] = []
+        self._scanned_at = -math.inf
         self._last_count: int | None = None
 
-    def collect(self) -> Reading:
-        start = time.perf_counter()
-        timestamp = self.clock()
-        processes: list[dict[str, Any]] = []
+    def _scan(self) -> None:
+        found: list[tuple[str, psutil.Process, list[str]]] = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmdline = proc.info["cmdline"] or []
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             role = role_of(cmdline, self.title_prefix)
-            if role is None:
-                continue
-            entry: dict[str, Any] = {"pid": proc.info["pid"], "role": role, "title": " ".join(cmdline)[:200]}
-            if role == "api_server":
-                entry["args"] = parse_vllm_args(cmdline)
-            processes.append(entry)
-        servers = [p for p in processes if p["role"] == "api_server"]
+            if role is not None:
+                found.append((role, proc, cmdline))
+        known = {t.process.pid: t for t in self._tracked}
+        tracked = []
+        for role in ("api_server", "engine_core", "worker"):
+            members = sorted((p for p in found if p[0] == role), key=lambda p: p[1].pid)
+            for index, (_, proc, cmdline) in enumerate(members):
+                previous = known.get(proc.pid)
+                args = parse_vllm_args(cmdline) if role == "api_server" else {}
+                entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args)
+                if previous is not None and previous.role == role:
+                    entry.thread_times, entry.sampled_at = previous.thread_times, previous.sampled_at
+                tracked.append(entry)
+        self._tracked = tracked  # processes that exited are gone with their state
+        if len(tracked) != self._last_count:
+            log.info("process source: %d vLLM process(es) visible%s", len(tracked), "" if tracked else " (no shared process namespace?)")
+            self._last_count = len(tracked)
+
+    def collect(self) -> Reading:
+        start = time.perf_counter()
+        timestamp = self.clock()
+        now = time.monotonic()
+        if now - self._scanned_at >= RESCAN_SECONDS or not all(t.process.is_running() for t in self._tracked):
+            self._scan()
+            self._scanned_at = now
+        samples: dict[SeriesKey, float] = {}
+        processes: list[dict[str, Any]] = []
+        for tracked in self._tracked:
+            try:
+                processes.append(self._sample(tracked, now, samples))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                self._scanned_at = -math.inf  # restarted or gone: rescan next time
+        meta: dict[str, Any] = {"processes": processes}
+        servers = [t for t in self._tracked if t.role == "api_server"]
         # Several vLLMs on one host: the one listening on the port we scrape is ours.
-        matching = [p for p in servers if p["args"].get("port", 8000) == self.port] if self.port else servers
-        meta: dict[str, Any] = {"processes": [{k: p[k] for k in ("pid", "role")} for p in processes]}
+        matching = [t for t in servers if t.args.get("port", 8000) == self.port] if self.port else servers
         if matching:
-            meta["api_server_args"] = matching[0]["args"]
-            meta["api_server_pid"] = matching[0]["pid"]
-        if len(processes) != self._last_count:
-            log.info("process source: %d vLLM process(es) visible%s", len(processes), "" if processes else " (no shared process namespace?)")
-            self._last_count = len(processes)
-        return Reading(PROCESS_SOURCE, timestamp, True, duration_seconds=time.perf_counter() - start, meta=meta)
+            meta["api_server_args"] = matching[0].args
+            meta["api_server_pid"] = matching[0].process.pid
+            samples.update(_cgroup_throttling(matching[0].process.pid))
+        return Reading(PROCESS_SOURCE, timestamp, True, samples, duration_seconds=time.perf_counter() - start, meta=meta)
+
+    def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> dict[str, Any]:
+        labels = make_labels({"role": tracked.role, "index": str(tracked.index)})
+        proc = tracked.process
+        with proc.oneshot():
+            cpu = proc.cpu_times()
+            out[("process_cpu_seconds_total", labels)] = cpu.user + cpu.system
+            out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
+            threads = proc.threads()
+        out[("process_threads", labels)] = float(len(threads))
+        times = {t.id: t.user_time + t.system_time for t in threads}
+        entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index}
+        if tracked.sampled_at is not None and now > tracked.sampled_at:
+            elapsed = now - tracked.sampled_at
+            deltas = {tid: value - tracked.thread_times.get(tid, value) for tid, value in times.items()}
+            tid, busiest = max(deltas.items(), key=lambda item: item[1], default=(0, 0.0))
+            ratio = max(0.0, busiest / elapsed)
+            out[("process_busiest_thread_cpu_ratio", labels)] = ratio
+            entry["busiest_thread"] = {"tid": tid, "name": _thread_name(proc.pid, tid), "main": tid == proc.pid, "cpu_ratio": round(ratio, 3)}
+        tracked.thread_times, tracked.sampled_at = times, now
+        return entry
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "?"
+
+
+def _cgroup_throttling(pid: int) -> dict[SeriesKey, float]:
+    """CPU throttling of vLLM's container (cgroup v2 cpu.stat), when the sidecar can read it."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            path = next((line.split(":", 2)[2].strip() for line in handle if line.startswith("0::")), None)
+    except OSError:
+        return {}
+    candidates = [f"/sys/fs/cgroup{path}/cpu.stat"] if path else []
+    candidates.append(f"/proc/{pid}/root/sys/fs/cgroup/cpu.stat")  # from inside vLLM's own view
+    for candidate in candidates:
+        try:
+            with open(candidate, encoding="utf-8") as handle:
+                stat = dict(line.split() for line in handle if line.strip())
+        except (OSError, ValueError):
+            continue
+        labels = make_labels({"role": "api_server"})
+        out: dict[SeriesKey, float] = {}
+        if "nr_periods" in stat:
+            out[("process_cgroup_periods_total", labels)] = float(stat["nr_periods"])
+            out[("process_cgroup_throttled_periods_total", labels)] = float(stat.get("nr_throttled", 0))
+            out[("process_cgroup_throttled_seconds_total", labels)] = float(stat.get("throttled_usec", 0)) / 1e6
+        return out
+    return {}
