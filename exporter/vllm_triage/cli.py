@@ -16,7 +16,7 @@ from typing import Any
 from . import __version__
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, SourceLoop, build_sources, replay, vllm_pids_of
+from .daemon import Daemon, SourceLoop, build_sources, replay
 from .diagnosis.engine import Engine
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .report import format_report, format_transition
@@ -35,6 +35,10 @@ SCRAPE_KEYS = (
     "gpu_interval_seconds",
     "gpus",
     "gpm",
+    "gil_interval_seconds",
+    "gil_window_seconds",
+    "gil_rate",
+    "gil_nonblocking",
     "log_level",
 )
 
@@ -109,10 +113,7 @@ async def observe(config: Config, seconds: float, writer: CaptureWriter | None =
         if writer is not None:
             writer.write(reading)
 
-    def vllm_pids() -> list[int]:
-        return vllm_pids_of(next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
-
-    loops = build_sources(config, time.time, vllm_pids)
+    loops = build_sources(config, time.time, lambda: next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
     deadline = time.monotonic() + seconds
 
     async def run(loop_: SourceLoop, started: float) -> None:

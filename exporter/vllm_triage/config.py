@@ -105,7 +105,7 @@ def _text(key: str, raw: Any) -> str:
     return raw
 
 
-SOURCE_NAMES = ("vllm", "process", "gpu")
+SOURCE_NAMES = ("vllm", "process", "gpu", "gil")
 
 
 def _items(raw: Any) -> list[str]:
@@ -164,15 +164,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "sources",
-        ("vllm", "process", "gpu"),
+        ("vllm", "process", "gpu", "gil"),
         _source_list,
-        "Sources to run, comma-separated: vllm (its /metrics), process (psutil; needs a shared PID namespace), gpu (NVML/GPM).",
+        "Sources to run, comma-separated: vllm (its /metrics), process (psutil; needs a shared PID namespace), gpu (NVML/GPM), "
+        "gil (py-spy; needs ptrace rights).",
         "LIST",
     ),
     Option("process_interval_seconds", 2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S"),
     Option("gpu_interval_seconds", 1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S"),
     Option("gpus", None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST"),
     Option("gpm", True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL"),
+    Option("gil_interval_seconds", 60.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S"),
+    Option("gil_window_seconds", 5.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S"),
+    Option("gil_rate", 20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ"),
+    Option("gil_nonblocking", False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL"),
     Option("process_title_prefix", "VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX"),
     Option("demo", False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL"),
     Option("demo_capture", None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE"),

@@ -18,8 +18,9 @@ from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
 from .diagnosis.engine import Engine
 from .exposition import Exposition
-from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .server import make_app
+from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
 from .sources.vllm import VllmSource
@@ -38,8 +39,16 @@ class SourceLoop:
     close: Callable[[], Awaitable[None]]
 
 
-def build_sources(config: Config, clock: Callable[[], float], vllm_pids: Callable[[], list[int]]) -> list[SourceLoop]:
-    """The configured sources; blocking ones (psutil, NVML) run in worker threads."""
+def build_sources(config: Config, clock: Callable[[], float], latest_processes: Callable[[], Reading | None]) -> list[SourceLoop]:
+    """The configured sources; blocking ones (psutil, NVML) run in worker threads, py-spy as a subprocess."""
+
+    def vllm_pids() -> list[int]:
+        return vllm_pids_of(latest_processes())
+
+    def vllm_pids_by_role() -> list[tuple[str, int]]:
+        reading = latest_processes()
+        return [(str(p["role"]), int(p["pid"])) for p in reading.meta.get("processes", [])] if reading is not None else []
+
     loops = []
     if VLLM_SOURCE in config.sources:
         vllm = VllmSource(config.vllm_url, config.metrics_path, config.scrape_timeout_seconds, config.connect_timeout_seconds, config.max_page_bytes, clock)
@@ -47,6 +56,9 @@ def build_sources(config: Config, clock: Callable[[], float], vllm_pids: Callabl
     if PROCESS_SOURCE in config.sources:
         processes = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
         loops.append(SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, processes.collect), _nothing))
+    if GIL_SOURCE in config.sources:
+        gil = GilSource(lambda: first_pid_by_role(vllm_pids_by_role()), config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
+        loops.append(SourceLoop(GIL_SOURCE, config.gil_interval_seconds, gil.collect, gil.close))
     if GPU_SOURCE in config.sources:
         gpu = GpuSource(config.gpus, vllm_pids, config.gpm, clock)
 
@@ -59,6 +71,14 @@ def build_sources(config: Config, clock: Callable[[], float], vllm_pids: Callabl
 
 async def _nothing() -> None:
     return None
+
+
+def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
+    """The first process of each role (index 0): the one the GIL source samples."""
+    chosen: dict[str, int] = {}
+    for role, pid in processes:
+        chosen.setdefault(role, pid)
+    return chosen
 
 
 def vllm_pids_of(reading: Reading | None) -> list[int]:
@@ -173,7 +193,7 @@ class Daemon:
             path = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
             tasks.append(asyncio.create_task(self._demo_loop(path)))
         else:
-            loops = build_sources(config, self.clock, lambda: vllm_pids_of(self.store.latest(PROCESS_SOURCE)))
+            loops = build_sources(config, self.clock, lambda: self.store.latest(PROCESS_SOURCE))
             for loop_ in loops:
                 if loop_.name == PROCESS_SOURCE:  # first: the GPU source maps vLLM's processes to GPUs
                     self.ingest(await loop_.collect())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from .store import Store
 
 
@@ -42,6 +42,14 @@ class Discovery:
     processes: tuple[dict[str, Any], ...]
     gpus: tuple[dict[str, Any], ...] = ()
     gpu_selection: str | None = None  # which rule chose the GPUs (config, CUDA_VISIBLE_DEVICES, ...)
+    hot_functions: tuple[tuple[str, str, str, float], ...] = ()  # (role, function, file, share) from py-spy
+
+    def host_notes(self) -> list[str]:
+        """The busiest thread of each engine core / API server, then the functions holding the GIL."""
+        notes = self.busiest_threads()
+        for role, function, file, share in self.hot_functions:
+            notes.append(f"{role} hot while holding the GIL: {function} ({file}) {share:.0%} of the py-spy window")
+        return notes
 
     def busiest_threads(self) -> list[str]:
         """'engine_core 0 (pid 42): busiest thread "VLLM::EngineCor" (main) at 0.97 of a core', one per process."""
@@ -87,4 +95,19 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     gpu = store.latest(GPU_SOURCE)
     gpus = tuple(gpu.meta.get("gpus", ())) if gpu is not None and gpu.ok else ()
     selection = gpu.meta.get("selection") if gpu is not None and gpu.ok else None
-    return Discovery(value, origin, text, version, args, processes, gpus, selection)
+    gil = store.latest(GIL_SOURCE)
+    hot = (
+        tuple(
+            sorted(
+                (
+                    (dict(labels)["role"], dict(labels)["function"], dict(labels)["file"], share)
+                    for (name, labels), share in gil.samples.items()
+                    if name == "gil_hot_function_ratio"
+                ),
+                key=lambda item: -item[3],
+            )[:6]
+        )
+        if gil is not None and gil.ok
+        else ()
+    )
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot)

@@ -29,6 +29,8 @@ LATEST_HELP = {
     "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
     "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
     "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
+    "gil_held_ratio": "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
+    "gil_hot_function_ratio": "Share of the latest py-spy window spent in this function while holding the GIL (top N).",
     "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
     "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",
     "gpu_memory_used_bytes": "GPU memory used (vLLM preallocates most of it: read KV usage instead).",
@@ -78,6 +80,7 @@ class SnapshotCollector(Collector):
         yield from self._signals(snapshot)
         yield from self._latest(snapshot.gpu_latest)
         yield from self._latest(snapshot.process_latest)
+        yield from self._latest(snapshot.gil_latest)
 
     def _health(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_source_up", "1 when the source's last collection succeeded.", labels=["source"])

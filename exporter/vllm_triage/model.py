@@ -18,6 +18,7 @@ SeriesKey = tuple[str, Labels]
 VLLM_SOURCE = "vllm"
 PROCESS_SOURCE = "process"
 GPU_SOURCE = "gpu"
+GIL_SOURCE = "gil"
 
 
 def make_labels(labels: dict[str, str]) -> Labels:
@@ -187,6 +188,7 @@ class Snapshot:
     discovery: dict[str, Any] = field(default_factory=dict)
     gpu_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last GPU Reading, as read
     process_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last process Reading, as read
+    gil_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last py-spy windows, as read
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -650,6 +650,28 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
 )
 
 
+def _role_gil_held(role: str) -> Callable[[SignalContext], float | None]:
+    """The latest py-spy window's GIL-held ratio (windows are seconds long and minutes apart)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.gauge_points("gil_held_ratio", f"role:{role}", max)
+        return points[-1] if points else None
+
+    return compute
+
+
+GIL_SIGNALS: tuple[SignalDef, ...] = tuple(
+    SignalDef(
+        f"host_{role}_gil_held_ratio",
+        "gil_held_ratio",
+        "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
+        _role_gil_held(role),
+        (("role", role),),
+    )
+    for role in ("api_server", "engine_core")
+)
+
+
 def compute_signals(view: WindowView, scope: str, max_num_seqs: int | None, table: tuple[SignalDef, ...] = SIGNALS) -> dict[str, float | None]:
     """Every signal of a table for one scope, in table order (later ones may read earlier ones)."""
     values: dict[str, float | None] = {}

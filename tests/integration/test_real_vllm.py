@@ -22,6 +22,8 @@ FAST = """
 window_seconds: 10
 scrape_interval_seconds: 1
 tick_seconds: 1
+gil_interval_seconds: 10
+gil_window_seconds: 3
 conditions:
   vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
   kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
@@ -62,6 +64,11 @@ def test_idle_vllm_is_healthy_and_discovered(sidecar: Sidecar):
     host = sidecar.diagnosis()["signals"]["host"]
     IDLE_CPU.update({role: host[f"host_{role}_cpu_cores"] for role in ("api_server", "engine_core")})
     assert all(value is not None for value in IDLE_CPU.values())
+    # py-spy windows on the real engine core and API server: near zero when idle
+    sidecar.wait_for(lambda: sidecar.diagnosis()["signals"]["host"].get("host_engine_core_gil_held_ratio") is not None, 40, "a GIL window")
+    host = sidecar.diagnosis()["signals"]["host"]
+    assert host["host_engine_core_gil_held_ratio"] < 0.2 and host["host_api_server_gil_held_ratio"] < 0.2, host
+    assert {s.labels["source"]: s.value for s in sidecar.metrics()["vllm_triage_source_up"]}["gil"] == 1.0
 
 
 def test_client_underload_detected_then_cleared(sidecar: Sidecar, vllm):
@@ -97,6 +104,9 @@ def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vl
         for role, idle in IDLE_CPU.items():
             assert host[f"host_{role}_cpu_cores"] > idle, (role, idle, host)
         print("CPU cores idle -> saturated:", {role: (round(idle, 3), round(host[f"host_{role}_cpu_cores"], 3)) for role, idle in IDLE_CPU.items()})
+        # under load the engine core's Python thread holds the GIL a visible share of the time
+        sidecar.wait_for(lambda: (sidecar.diagnosis()["signals"]["host"].get("host_engine_core_gil_held_ratio") or 0) > 0.05, 40, "GIL held under load")
+        print("GIL held under load:", {k: v for k, v in sidecar.diagnosis()["signals"]["host"].items() if "gil" in k})
     finally:
         load.stop()
     TIMINGS["kv_cache_saturated cleared"] = sidecar.wait_for(lambda: sidecar.active()["kv_cache_saturated"] == 0.0, 60, "kv_cache_saturated cleared")

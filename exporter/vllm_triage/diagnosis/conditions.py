@@ -266,11 +266,15 @@ def _gpu_starved(j: Judge) -> Term:
             mean,
         ),
     )
-    host = any_of(
+    host = [
         j.compare("host_engine_core_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "engine core's busiest thread, share of a core", upper=1.0),
         j.compare("host_api_server_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "API server's busiest thread, share of a core", upper=1.0),
-    )
-    return all_of(pending, any_of(low, swinging), host)
+    ]
+    for role, words in (("engine_core", "engine core"), ("api_server", "API server")):
+        # GIL evidence when py-spy could sample (windows come minutes apart; absent is not unknown)
+        if j.signals.get(f"host_{role}_gil_held_ratio") is not None:
+            host.append(j.compare(f"host_{role}_gil_held_ratio", ">=", "gil_held_min", f"{words} GIL held (latest py-spy window)", upper=1.0))
+    return all_of(pending, any_of(low, swinging), any_of(*host))
 
 
 _CAPACITY_ACTIONS = (
@@ -491,6 +495,7 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             Threshold("swing_low", 0.3, "... with util.gpu mean at or above this", 0.0, 1.0),
             Threshold("swing_high", 0.8, "... and at or below this", 0.0, 1.0),
             Threshold("thread_cpu_min", 0.85, "engine core or API server busiest thread at or above this share of a core", 0.0, 1.0),
+            Threshold("gil_held_min", 0.8, "or its GIL held at least this share of the latest py-spy window", 0.0, 1.0),
         ),
         dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
         sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..discovery import Discovery, discover
-from ..model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..signals import GPU_SIGNALS, HOST_SIGNALS, SIGNALS, compute_signals
+from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, compute_signals
 from ..signals import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
 from .conditions import CONDITIONS, Condition
@@ -91,6 +91,7 @@ class _Outcome:
 
 
 HOST_SCOPE = "host"  # the key of the host signals in Snapshot.signals
+GIL_LOOKBACK_SECONDS = 180.0  # py-spy windows come minutes apart: the latest one stays evidence this long
 
 # Conditions whose evidence must say where max_num_seqs came from.
 READS_MAX_NUM_SEQS = frozenset({"client_underload", "queue_backlog"})
@@ -116,7 +117,7 @@ class Engine:
     @property
     def horizon_seconds(self) -> float:
         """How much history the store must keep for the longest window."""
-        return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
+        return max([self.window_seconds, GIL_LOOKBACK_SECONDS] + [self.settings[c.id].window_seconds for c in self.conditions])
 
     def evaluate(self, store: Store, now: float) -> Snapshot:
         sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
@@ -130,11 +131,12 @@ class Engine:
             """scope -> signals for one source and window, the aggregate under AGGREGATE_SCOPE."""
             if (source, window) not in cache:
                 view = signals_window(store, source, now, window)
-                table = {GPU_SOURCE: GPU_SIGNALS, PROCESS_SOURCE: HOST_SIGNALS}.get(source, SIGNALS)
+                table = {GPU_SOURCE: GPU_SIGNALS, PROCESS_SOURCE: HOST_SIGNALS, GIL_SOURCE: GIL_SIGNALS}.get(source, SIGNALS)
                 # vLLM engines and GPUs are judged one by one; host signals are per role already.
-                scopes = view.scopes() if source != PROCESS_SOURCE else []
+                per_role = source in (PROCESS_SOURCE, GIL_SOURCE)
+                scopes = view.scopes() if not per_role else []
                 per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
-                if per_scope or (source == PROCESS_SOURCE and view.frames):
+                if per_scope or (per_role and view.frames):
                     per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs, table)
                 cache[(source, window)] = per_scope
             return cache[(source, window)]
@@ -174,7 +176,10 @@ class Engine:
             signals={
                 **signals_for(VLLM_SOURCE, self.window_seconds),
                 **{f"gpu:{k}" if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
-                **({HOST_SCOPE: host} if (host := signals_for(PROCESS_SOURCE, self.window_seconds).get(AGGREGATE_SCOPE)) else {}),
+                HOST_SCOPE: {
+                    **signals_for(PROCESS_SOURCE, self.window_seconds).get(AGGREGATE_SCOPE, {}),
+                    **signals_for(GIL_SOURCE, max(self.window_seconds, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),
+                },
             },
             verdicts=tuple(verdicts),
             sources=sources,
@@ -183,6 +188,7 @@ class Engine:
             discovery=found.to_json(),
             gpu_latest=gpu.samples if (gpu := store.latest(GPU_SOURCE)) is not None and gpu.ok else {},
             process_latest=process.samples if (process := store.latest(PROCESS_SOURCE)) is not None and process.ok else {},
+            gil_latest=gil.samples if (gil := store.latest(GIL_SOURCE)) is not None and gil.ok else {},
         )
 
     @staticmethod
@@ -201,7 +207,10 @@ class Engine:
         engines = signals_for(VLLM_SOURCE, window)
         gpu_up = health.get(GPU_SOURCE) is not None and health[GPU_SOURCE].up
         gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if gpu_up else {}
-        host = signals_for(PROCESS_SOURCE, window).get(AGGREGATE_SCOPE, {})
+        host = {
+            **signals_for(PROCESS_SOURCE, window).get(AGGREGATE_SCOPE, {}),
+            **signals_for(GIL_SOURCE, max(window, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),
+        }
         return {scope: {**values, **gpus, **host} for scope, values in engines.items()}
 
     def _judge(
@@ -234,7 +243,7 @@ class Engine:
             if condition.id in READS_MAX_NUM_SEQS:
                 judge.note(found.max_num_seqs_text, "max_num_seqs", found.max_num_seqs)
             if condition.id in READS_HOST:
-                for text in found.busiest_threads():
+                for text in found.host_notes():
                     judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]

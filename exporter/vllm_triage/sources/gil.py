@@ -1,0 +1,144 @@
+"""Layer 3 (host): who holds the GIL in vLLM's engine core and API server, sampled with py-spy.
+
+py-spy has no streaming mode, so the source runs short windows: `py-spy record --gil --format raw`
+for `window_seconds` at `rate` Hz against one process at a time. With --gil py-spy keeps only the
+samples in which some thread held the GIL, so held ratio = samples / (rate x window) — validated
+against processes with a known GIL duty cycle (tests/unit/test_gil.py). Blocking mode is the
+default: on vLLM it cost less throughput than --nonblocking (REFERENCE.md §5; bench/gil_overhead.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from ..model import GIL_SOURCE, Reading, SeriesKey, make_labels
+
+log = logging.getLogger(__name__)
+
+SAMPLES = re.compile(r"Samples: (\d+) Errors: (\d+)")
+FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+NO_PERMISSION_FIX = (
+    "py-spy may not trace vLLM: run the sidecar as root or with CAP_SYS_PTRACE, and in Kubernetes set "
+    "shareProcessNamespace: true and add SYS_PTRACE to the sidecar's capabilities (profiler.enabled in the chart)"
+)
+
+
+def find_py_spy() -> str | None:
+    """py-spy installed beside this Python (the package's own dependency, venv or not), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def hot_functions(raw: str, top: int) -> list[tuple[str, str, int]]:
+    """(function, file, samples) of the innermost frames in py-spy's raw output, busiest first."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        innermost = stack.split(";")[-1]
+        match = FRAME.match(innermost)
+        function, file = (match["function"], Path(match["file"]).name) if match else (innermost, "")
+        counts[(function, file)] += int(count)
+    return [(function, file, n) for (function, file), n in counts.most_common(top)]
+
+
+class GilSource:
+    def __init__(
+        self,
+        pids_by_role: Callable[[], dict[str, int]],
+        window_seconds: float = 5.0,
+        rate: int = 20,
+        nonblocking: bool = False,
+        top: int = 5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pids_by_role = pids_by_role
+        self.window_seconds = window_seconds
+        self.rate = rate
+        self.nonblocking = nonblocking
+        self.top = top
+        self.clock = clock
+        self.py_spy = find_py_spy()
+        self._last_state: str | None = None
+        self._running: set[asyncio.subprocess.Process] = set()
+
+    async def close(self) -> None:
+        for process in list(self._running):
+            if process.returncode is None:
+                process.kill()
+
+    async def collect(self) -> Reading:
+        """One window per role (engine core, then API server), one py-spy at a time."""
+        start = time.perf_counter()
+        timestamp = self.clock()
+        samples: dict[SeriesKey, float] = {}
+        problems: list[tuple[str, str]] = []
+        targets = {role: pid for role, pid in self.pids_by_role().items() if role in ("engine_core", "api_server")}
+        if self.py_spy is None:
+            problems.append(("no_py_spy", "py-spy is not installed (pip install py-spy): GIL sampling is off"))
+        elif not targets:
+            problems.append(("no_target", "no vLLM engine core or API server visible: is the process namespace shared?"))
+        else:
+            for role, pid in sorted(targets.items(), key=lambda item: item[0] != "engine_core"):
+                problem = await self._window(role, pid, samples)
+                if problem:
+                    problems.append(problem)
+        ok = not problems or bool(samples)
+        reading = Reading(
+            GIL_SOURCE,
+            timestamp,
+            ok,
+            samples,
+            error="; ".join(text for _, text in problems) or None,
+            error_reason=problems[0][0] if problems else None,
+            duration_seconds=time.perf_counter() - start,
+        )
+        state = reading.error_reason or "ok"
+        if state != self._last_state:
+            (log.info if state == "ok" else log.warning)("GIL source: %s", reading.error or f"sampling {', '.join(targets)}")
+            self._last_state = state
+        return reading
+
+    async def _window(self, role: str, pid: int, out: dict[SeriesKey, float]) -> tuple[str, str] | None:
+        assert self.py_spy is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            raw_path = Path(tmp) / "raw.txt"
+            command = [self.py_spy, "record", "--pid", str(pid), "--rate", str(self.rate), "--duration", f"{self.window_seconds:g}"]
+            command += ["--format", "raw", "--gil", "--output", str(raw_path)]
+            if self.nonblocking:
+                command.append("--nonblocking")
+            process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            self._running.add(process)
+            try:
+                output, _ = await asyncio.wait_for(process.communicate(), timeout=self.window_seconds + 15)
+            except asyncio.TimeoutError:
+                process.kill()
+                return ("timeout", f"py-spy on the {role} (pid {pid}) did not finish")
+            finally:
+                self._running.discard(process)
+            text = output.decode(errors="replace")
+            counted = SAMPLES.search(text)
+            if process.returncode != 0 or counted is None:
+                if "ermission" in text or "not permitted" in text:
+                    return ("no_permission", NO_PERMISSION_FIX)
+                if "No such process" in text or "Failed to find" in text:
+                    return ("target_gone", f"the {role} (pid {pid}) exited while sampled")
+                last = text.strip().splitlines()[-1] if text.strip() else f"exit {process.returncode}"
+                return ("py_spy_failed", f"py-spy on the {role} (pid {pid}): {last[:200]}")
+            raw = raw_path.read_text() if raw_path.exists() else ""
+        ticks = self.rate * self.window_seconds
+        labels = make_labels({"role": role})
+        out[("gil_held_ratio", labels)] = min(1.0, int(counted.group(1)) / ticks)
+        for function, file, count in hot_functions(raw, self.top):
+            out[("gil_hot_function_ratio", make_labels({"role": role, "function": function[:120], "file": file}))] = count / ticks
+        return None

@@ -1,0 +1,88 @@
+"""The GIL source against real processes whose GIL duty cycle is known, and without ptrace rights."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from vllm_triage.sources.gil import GilSource, hot_functions
+
+# A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL),
+# next to a main thread blocked in C (no GIL either).
+TARGET = textwrap.dedent(
+    """
+    import sys, threading, time
+    duty = float(sys.argv[1])
+    def spin_a_share_of_each_period():
+        while True:
+            start = time.perf_counter()
+            while time.perf_counter() - start < 0.02 * duty:
+                pass
+            time.sleep(0.02 * (1 - duty))
+    threading.Thread(target=spin_a_share_of_each_period, daemon=True).start()
+    time.sleep(600)
+    """
+)
+
+
+def sample(duty: float, **kwargs) -> tuple[float, list]:
+    target = subprocess.Popen([sys.executable, "-c", TARGET, str(duty)])
+    try:
+        time.sleep(0.5)
+        source = GilSource(lambda: {"engine_core": target.pid}, window_seconds=3, rate=100, **kwargs)
+        reading = asyncio.run(source.collect())
+    finally:
+        target.kill()
+    assert reading.ok, reading.error
+    held = next(v for (name, labels), v in reading.samples.items() if name == "gil_held_ratio")
+    hot = [dict(labels) for (name, labels), _ in reading.samples.items() if name == "gil_hot_function_ratio"]
+    return held, hot
+
+
+@pytest.mark.parametrize("duty", [0.0, 0.5, 0.9])
+def test_gil_held_ratio_matches_a_known_duty_cycle(duty):
+    held, hot = sample(duty)
+    assert abs(held - duty) <= 0.1, held
+    if duty:
+        assert any(h["function"] == "spin_a_share_of_each_period" and h["role"] == "engine_core" for h in hot)
+        assert all("line" not in h and ":" not in h["file"] for h in hot)  # no line numbers in labels
+
+
+def test_hot_functions_parse_py_spy_raw_lines():
+    raw = "worker (a.py:3);spin (/x/b.py:10) 40\nworker (a.py:3);spin (/x/b.py:11) 20\n<module> (c.py:1) 5\n"
+    assert hot_functions(raw, 5) == [("spin", "b.py", 60), ("<module>", "c.py", 5)]
+
+
+def test_without_ptrace_rights_the_message_names_the_fix():
+    """py-spy run as an unprivileged user against a root-owned process: a real EPERM."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    code = (
+        "import asyncio, json; from vllm_triage.sources.gil import GilSource; "
+        f"r = asyncio.run(GilSource(lambda: {{'engine_core': {target.pid}}}, window_seconds=1).collect()); "
+        "print(json.dumps({'ok': r.ok, 'reason': r.error_reason, 'error': r.error}))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        target.kill()
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not outcome["ok"] and outcome["reason"] == "no_permission"
+    assert "CAP_SYS_PTRACE" in outcome["error"] and "shareProcessNamespace" in outcome["error"]
+
+
+def test_without_py_spy_one_clear_message():
+    source = GilSource(lambda: {"engine_core": os.getpid()})
+    source.py_spy = None  # as on a machine where the binary is missing
+    reading = asyncio.run(source.collect())
+    assert not reading.ok and reading.error_reason == "no_py_spy" and "pip install py-spy" in (reading.error or "")
