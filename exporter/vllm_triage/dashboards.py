@@ -318,6 +318,23 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
+            "GIL held (latest py-spy window)",
+            [(f"max by (role) (vllm_triage_gil_held_ratio{{{SIDECAR}}})", "{{role}}"), _threshold("gpu_starved", "gil_held_min")],
+            unit="percentunit",
+            max_value=1,
+            description="Share of a short py-spy window in which a thread of the engine core / API server held the GIL.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Hot functions holding the GIL",
+            [(f"topk(5, vllm_triage_gil_hot_function_ratio{{{SIDECAR}}})", "{{role}} {{function}} ({{file}})")],
+            unit="percentunit",
+            description="Where the GIL-holding time goes: the top functions of the latest py-spy window per role.",
+        )
+    )
+    lay.add(
+        timeseries(
             "Resident memory per role",
             [
                 (f"sum by (role) (vllm_triage_process_resident_memory_bytes{{{SIDECAR}}})", "RSS {{role}}"),
@@ -364,6 +381,7 @@ DRILL_DOWN: dict[str, list[tuple[str, str]]] = {
     ],
     "gpu_starved": [
         ("vllm_triage_process_window_busiest_thread_cpu_ratio", "busiest thread {{role}}"),
+        ("vllm_triage_process_window_gil_held_ratio", "GIL held {{role}}"),
         ("vllm_triage_gpu_window_sm_activity_ratio", "SM activity {{gpu}}"),
     ],
     "gpu_busy_not_computing": [

@@ -15,7 +15,7 @@ from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .diagnosis.engine import HOST_SCOPE, ConditionSettings
 from .model import SeriesKey, Snapshot
-from .signals import GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
+from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
 from .store import AGGREGATE_SCOPE
 
 PREFIX = "vllm_triage"
@@ -147,7 +147,7 @@ class SnapshotCollector(Collector):
         tables: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
             (f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]),
             (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
-            (f"{PREFIX}_process_window_", HOST_SIGNALS, []),
+            (f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []),
         )
         for prefix, table, scope_labels in tables:
             for signal in table:
@@ -158,7 +158,7 @@ class SnapshotCollector(Collector):
             if scope in (AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE):
                 continue
             if scope == HOST_SCOPE:
-                prefix, table, scope_values = f"{PREFIX}_process_window_", HOST_SIGNALS, []
+                prefix, table, scope_values = f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []
             elif scope.startswith("gpu:"):
                 prefix, table, scope_values = f"{PREFIX}_gpu_window_", GPU_SIGNALS, [scope[4:]]
             else:

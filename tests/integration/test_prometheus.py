@@ -18,6 +18,8 @@ SIDECAR_CONFIG = """
 window_seconds: 10
 scrape_interval_seconds: 1
 tick_seconds: 1
+gil_interval_seconds: 10
+gil_window_seconds: 3
 conditions:
   kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
   queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
