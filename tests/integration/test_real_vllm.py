@@ -122,6 +122,7 @@ def test_record_then_replay_twice_gives_identical_verdicts(sidecar: Sidecar, vll
     try:
         sidecar.wait_for(lambda: sidecar.active()["kv_cache_saturated"] == 1.0, 90, "saturation before recording")
         record = [cli, "record", "--vllm-url", vllm.url, "--out", str(capture), "--seconds", "20", "--scrape-interval-seconds", "1"]
+        record += ["--sources", "vllm,process"]  # py-spy's pauses would perturb what this test records
         recorded = subprocess.run(record, capture_output=True, text=True, timeout=60, check=True)
     finally:
         load.stop()
@@ -133,7 +134,7 @@ def test_record_then_replay_twice_gives_identical_verdicts(sidecar: Sidecar, vll
     second = subprocess.run(replay, capture_output=True, text=True, timeout=60, check=True).stdout
     assert first == second
     assert "kv_cache_saturated" in first and "-> active" in first
-    diagnose = [cli, "diagnose", "--capture", str(capture), "--config", str(config), "--seconds", "10"]
+    diagnose = [cli, "diagnose", "--capture", str(capture), "--config", str(config), "--seconds", "20"]  # the whole capture
     report = subprocess.run(diagnose, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "[critical] kv_cache_saturated on tiny/0" in report
     assert "[warning] queue_backlog [cause: kv_capacity]" in report
