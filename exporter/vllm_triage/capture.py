@@ -50,11 +50,6 @@ class CaptureWriter:
         self.close()
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
-    with _open(path) as handle:
-        return _header(handle, path)
-
-
 def _open(path: str | Path) -> IO[str]:
     try:
         return gzip.open(path, "rt", encoding="utf-8")

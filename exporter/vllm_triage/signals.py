@@ -86,9 +86,6 @@ class WindowView:
         named = {scope for scope in seen if not scope.startswith("/")}
         return sorted(named or seen)
 
-    def has(self, name: str) -> bool:
-        return any(name in frame.by_name for frame in self.frames)
-
     def gauge_points(self, name: str, scope: str, combine: Callable[[list[float]], float] = sum) -> list[float]:
         """One value per frame: the scope's series combined (summed, or the max for ratios)."""
         key = ("gauge", name, scope, combine)
@@ -437,8 +434,6 @@ SIGNALS: tuple[SignalDef, ...] = (
         _running_to_max,
     ),
 )
-
-SIGNAL_IDS = frozenset(s.id for s in SIGNALS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,9 +45,10 @@ def run_phase(name: str, seconds: float) -> None:
                 dst.copy_(src)
             torch.cuda.synchronize()
         return
-    if name == "copy_h2d":
+    if name in ("copy_h2d", "copy_h2d_only"):
         host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
         gpu = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    if name == "copy_h2d":
         while time.time() < deadline:
             for _ in range(4):
                 gpu.copy_(host, non_blocking=True)
@@ -55,8 +56,6 @@ def run_phase(name: str, seconds: float) -> None:
             torch.cuda.synchronize()
         return
     if name == "copy_h2d_only":
-        host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
-        gpu = torch.empty(1 << 30, dtype=torch.uint8, device=device)
         while time.time() < deadline:
             for _ in range(8):
                 gpu.copy_(host, non_blocking=True)

@@ -19,6 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
+# Short windows and frequent samples (a config file, as a user would write one) so that detect-and-clear
+# cycles fit in CI; each test adds the per-condition durations it needs.
+FAST_CADENCE = """
+window_seconds: 10
+scrape_interval_seconds: 1
+tick_seconds: 1
+gil_interval_seconds: 10
+gil_window_seconds: 3
+"""
 BIN = Path(sys.executable).parent
 
 

@@ -10,20 +10,17 @@ import time
 import pytest
 from vllm_triage.dashboards import DASHBOARDS, panel_queries
 
-from .conftest import REPO, start_load, start_prometheus, start_sidecar
+from .conftest import FAST_CADENCE, REPO, start_load, start_prometheus, start_sidecar
 
 pytestmark = pytest.mark.integration
 
-SIDECAR_CONFIG = """
-window_seconds: 10
-scrape_interval_seconds: 1
-tick_seconds: 1
-gil_interval_seconds: 10
-gil_window_seconds: 3
-conditions:
+SIDECAR_CONFIG = (
+    FAST_CADENCE
+    + """conditions:
   kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
   queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
 """
+)
 GPU_CAPTURE = REPO / "tests" / "data" / "gpu-h200-live.jsonl.gz"
 VARIABLES = {"$namespace": ".*", "$pod": ".*", "$model": ".*", "$engine": ".*", "$__rate_interval": "20s"}
 

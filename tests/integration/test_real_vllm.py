@@ -14,17 +14,13 @@ import time
 
 import pytest
 
-from .conftest import BIN, Sidecar, get, start_load, start_sidecar
+from .conftest import BIN, FAST_CADENCE, Sidecar, get, start_load, start_sidecar
 
 pytestmark = pytest.mark.integration
 
-FAST = """
-window_seconds: 10
-scrape_interval_seconds: 1
-tick_seconds: 1
-gil_interval_seconds: 10
-gil_window_seconds: 3
-conditions:
+FAST = (
+    FAST_CADENCE
+    + """conditions:
   vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
   kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
   queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
@@ -34,6 +30,7 @@ conditions:
   ttft_high: {for_seconds: 3, clear_for_seconds: 5}
   prefix_cache_ineffective: {enabled: false}
 """
+)
 
 TIMINGS: dict[str, float] = {}
 IDLE_CPU: dict[str, float] = {}
