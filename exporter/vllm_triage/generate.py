@@ -106,6 +106,9 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     "alerts/prometheusrule.yaml": lambda: _yaml(mixin.prometheus_rule()),
     "alerts/alertmanager.example.yml": lambda: _yaml(mixin.alertmanager_example()),
     **{f"dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
+    # The Helm chart may only read files inside itself: its PrometheusRule and dashboard ConfigMaps.
+    "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.rules_file()),
+    **{f"helm/vllm-triage/files/dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
 }
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import pytest
-from vllm_triage.sources.gil import GilSource, hot_functions
+from vllm_triage.sources.gil import GilSource, find_py_spy, hot_functions
 
 # A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL),
 # next to a main thread blocked in C (no GIL either). Sleeps overshoot on a loaded machine, so the
@@ -79,26 +81,72 @@ def test_hot_functions_parse_py_spy_raw_lines():
     assert hot_functions(raw, 5) == [("spin", "b.py", 60), ("<module>", "c.py", 5)]
 
 
-def test_without_ptrace_rights_the_message_names_the_fix():
-    """py-spy run as an unprivileged user against a root-owned process: a real EPERM."""
+def gil_as_nobody(target_pid: int, py_spy: str | None = None, setpriv_options: tuple[str, ...] = ()) -> dict:
+    """One GIL window taken by a GilSource running as user nobody, as the image's non-root sidecar does."""
     if os.geteuid() != 0:
         pytest.skip("needs root to drop privileges")
-    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     code = (
         "import asyncio, json; from vllm_triage.sources.gil import GilSource; "
-        f"r = asyncio.run(GilSource(lambda: {{'engine_core': {target.pid}}}, window_seconds=1).collect()); "
-        "print(json.dumps({'ok': r.ok, 'reason': r.error_reason, 'error': r.error}))"
+        f"r = asyncio.run(GilSource(lambda: {{'engine_core': {target_pid}}}, window_seconds=1, py_spy={py_spy!r}).collect()); "
+        "print(json.dumps({'ok': r.ok, 'reason': r.error_reason, 'error': r.error, 'samples': [[k[0], v] for k, v in r.samples.items()]}))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *setpriv_options, sys.executable, "-c", code]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_without_ptrace_rights_the_message_names_the_fix():
+    """py-spy run as an unprivileged user against a root-owned process: a real EPERM."""
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        result = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-        )
+        outcome = gil_as_nobody(target.pid)
     finally:
         target.kill()
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert not outcome["ok"] and outcome["reason"] == "no_permission"
     assert "CAP_SYS_PTRACE" in outcome["error"] and "shareProcessNamespace" in outcome["error"]
+
+
+@pytest.fixture
+def py_spy_with_file_capability():
+    """py-spy as the Dockerfile installs it: `setcap cap_sys_ptrace+ep`, runnable by any user."""
+    if os.geteuid() != 0 or not shutil.which("setcap") or find_py_spy() is None:
+        pytest.skip("needs root, setcap (libcap2-bin) and py-spy")
+    directory = tempfile.mkdtemp(prefix="py-spy-cap-", dir="/tmp")
+    os.chmod(directory, 0o755)
+    binary = os.path.join(directory, "py-spy")
+    shutil.copy(find_py_spy(), binary)
+    subprocess.run(["setcap", "cap_sys_ptrace+ep", binary], check=True)
+    yield binary
+    shutil.rmtree(directory)
+
+
+# The target must run from a binary nobody may read (py-spy reads the interpreter's symbols), as
+# vLLM's image python is; this machine's own venv lives under /root.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a system python")
+def test_non_root_py_spy_with_the_file_capability_samples_a_root_process(py_spy_with_file_capability):
+    target = subprocess.Popen([SYSTEM_PYTHON, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        outcome = gil_as_nobody(target.pid, py_spy_with_file_capability)
+    finally:
+        target.kill()
+    assert outcome["ok"], outcome["error"]
+    assert dict(outcome["samples"])["gil_held_ratio"] > 0.8
+
+
+def test_container_without_sys_ptrace_gets_the_fix_not_a_crash(py_spy_with_file_capability):
+    """Pod without SYS_PTRACE: the kernel refuses to exec a binary whose file capability it cannot grant."""
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        outcome = gil_as_nobody(target.pid, py_spy_with_file_capability, ("--bounding-set=-sys_ptrace",))
+    finally:
+        target.kill()
+    assert not outcome["ok"] and outcome["reason"] == "no_permission"
+    assert "permission denied" in outcome["error"] and "SYS_PTRACE" in outcome["error"]
 
 
 def test_without_py_spy_one_clear_message():

@@ -61,6 +61,7 @@ class GilSource:
         nonblocking: bool = False,
         top: int = 5,
         clock: Callable[[], float] = time.time,
+        py_spy: str | None = None,
     ) -> None:
         self.pids_by_role = pids_by_role
         self.window_seconds = window_seconds
@@ -68,7 +69,7 @@ class GilSource:
         self.nonblocking = nonblocking
         self.top = top
         self.clock = clock
-        self.py_spy = find_py_spy()
+        self.py_spy = py_spy or find_py_spy()
         self._last_state: str | None = None
         self._running: set[asyncio.subprocess.Process] = set()
 
@@ -117,7 +118,14 @@ class GilSource:
             command += ["--format", "raw", "--gil", "--output", str(raw_path)]
             if self.nonblocking:
                 command.append("--nonblocking")
-            process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            try:
+                process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            except PermissionError:
+                # The image's py-spy carries the cap_sys_ptrace file capability: without SYS_PTRACE in the
+                # container's bounding set the kernel refuses to start it at all.
+                return ("no_permission", f"{self.py_spy} may not run (execve: permission denied): {NO_PERMISSION_FIX}")
+            except OSError as error:
+                return ("py_spy_failed", f"{self.py_spy} could not start: {error}")
             self._running.add(process)
             try:
                 output, _ = await asyncio.wait_for(process.communicate(), timeout=self.window_seconds + 15)

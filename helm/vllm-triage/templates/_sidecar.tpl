@@ -1,0 +1,110 @@
+{{/*
+The vllm-triage sidecar container, for this chart and for charts that add it to their own vLLM pods.
+Call it with a dict:
+  values    this chart's values shape (image, triage, profiler); missing keys take the defaults below
+  vllmUrl   the vLLM to watch, e.g. http://127.0.0.1:8000
+  native    true to render it for initContainers (a native sidecar, Kubernetes >= 1.29)
+  appVersion the image tag when values.image.tag is empty (this chart passes its appVersion)
+The pod also needs the volume from "vllm-triage.sidecarVolumes", and, with the profiler on,
+shareProcessNamespace: true.
+*/}}
+{{- define "vllm-triage.sidecar" -}}
+{{- $v := .values | default dict }}
+{{- $image := $v.image | default dict }}
+{{- $triage := $v.triage | default dict }}
+{{- $gpu := $triage.gpu | default dict }}
+{{- $profiler := $v.profiler | default dict }}
+{{- $port := $triage.port | default 10290 }}
+{{- $sources := list "vllm" }}
+{{- if $profiler.enabled }}{{ $sources = append $sources "process" }}{{ end }}
+{{- if ne (toString $gpu.enabled) "false" }}{{ $sources = append $sources "gpu" }}{{ end }}
+{{- if $profiler.enabled }}{{ $sources = append $sources "gil" }}{{ end }}
+- name: vllm-triage
+  image: {{ printf "%s:%s" ($image.repository | default "ghcr.io/vllm-triage/vllm-triage") ($image.tag | default .appVersion | required "set the vllm-triage image tag (values image.tag)") | quote }}
+  imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
+  {{- if .native }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - serve
+    - --vllm-url={{ required "the vLLM URL to watch is required" .vllmUrl }}
+    - --listen=0.0.0.0:{{ $port }}
+    - --sources={{ join "," $sources }}
+    - --log-level={{ $triage.logLevel | default "info" }}
+    {{- with $gpu.devices }}
+    - --gpus={{ join "," . }}
+    {{- end }}
+    {{- if $profiler.enabled }}
+    - --gil-interval-seconds={{ $profiler.intervalSeconds | default 60 }}
+    - --gil-window-seconds={{ $profiler.windowSeconds | default 5 }}
+    - --gil-rate={{ $profiler.rate | default 20 }}
+    {{- end }}
+    {{- if $triage.config }}
+    - --config=/etc/vllm-triage/config.yaml
+    {{- end }}
+  ports:
+    - name: triage
+      containerPort: {{ $port }}
+      protocol: TCP
+  env:
+    {{- if ne (toString $gpu.enabled) "false" }}
+    # NVML from the NVIDIA runtime without requesting a GPU: see values.yaml, triage.gpu.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+    {{- end }}
+    {{- with $triage.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  startupProbe:
+    httpGet: {path: /healthz, port: triage}
+    periodSeconds: 2
+    failureThreshold: 30
+  livenessProbe:
+    httpGet: {path: /healthz, port: triage}
+    periodSeconds: 15
+    timeoutSeconds: 3
+  readinessProbe:
+    httpGet: {path: /readyz, port: triage}
+    periodSeconds: 10
+    timeoutSeconds: 3
+  resources:
+    {{- toYaml ($triage.resources | default (dict "requests" (dict "cpu" "50m" "memory" "96Mi") "limits" (dict "memory" "256Mi"))) | nindent 4 }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 10001
+    runAsGroup: 10001
+    readOnlyRootFilesystem: true
+    seccompProfile:
+      type: RuntimeDefault
+    capabilities:
+      drop: [ALL]
+      {{- if $profiler.enabled }}
+      add: [SYS_PTRACE]
+    # py-spy gets CAP_SYS_PTRACE from its file capability, which no_new_privs would ignore.
+    allowPrivilegeEscalation: true
+      {{- else }}
+    allowPrivilegeEscalation: false
+      {{- end }}
+  volumeMounts:
+    - name: vllm-triage-tmp
+      mountPath: /tmp
+    {{- if $triage.config }}
+    - name: vllm-triage-config
+      mountPath: /etc/vllm-triage
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{/* The sidecar's volumes: a writable /tmp (py-spy's output) and, with triage.config, its config file. */}}
+{{- define "vllm-triage.sidecarVolumes" -}}
+- name: vllm-triage-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if and .configMap (((.values | default dict).triage | default dict).config) }}
+- name: vllm-triage-config
+  configMap:
+    name: {{ .configMap }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,52 @@
+"""The container image recipe, checked statically (no Docker engine here): parsed by dockerfile-parse."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dockerfile_parse import DockerfileParser
+from vllm_triage.config import DEFAULT_PORT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def instructions() -> list[tuple[str, str]]:
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    return [(i["instruction"], i["value"]) for i in parser.structure]
+
+
+def final_stage() -> list[tuple[str, str]]:
+    steps = instructions()
+    last_from = max(i for i, (name, _) in enumerate(steps) if name == "FROM")
+    return steps[last_from:]
+
+
+def test_final_image_is_slim_python_running_as_a_numeric_non_root_user():
+    stage = final_stage()
+    assert re.fullmatch(r"python:3\.\d+-slim", stage[0][1])
+    users = [value for name, value in stage if name == "USER"]
+    assert users and re.fullmatch(r"[1-9]\d*:[1-9]\d*", users[-1])  # numeric: runAsNonRoot can verify it
+
+
+def test_py_spy_gets_the_ptrace_file_capability_and_the_package_is_installed():
+    run = " ".join(value for name, value in final_stage() if name == "RUN")
+    assert "pip install" in run and "setcap cap_sys_ptrace+ep" in run and "py-spy" in run
+
+
+def test_healthcheck_and_port_match_the_sidecar_defaults():
+    stage = dict((name, value) for name, value in final_stage() if name in ("EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"))
+    assert stage["EXPOSE"] == str(DEFAULT_PORT)
+    assert f"127.0.0.1:{DEFAULT_PORT}/healthz" in stage["HEALTHCHECK"]
+    assert stage["ENTRYPOINT"] == '["vllm-triage"]' and stage["CMD"] == '["serve"]'
+
+
+def test_everything_copied_into_the_build_exists_and_passes_dockerignore():
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for name, value in instructions():
+        if name == "COPY" and "--from" not in value:
+            *sources, _ = value.split()
+            for source in sources:
+                assert (ROOT / source).exists(), source
+                assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"

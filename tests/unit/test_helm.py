@@ -1,0 +1,223 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk) and checked against Kubernetes'
+schemas (kubernetes-validate), promtool and the sidecar's own config loader."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from vllm_triage import cli, mixin
+from vllm_triage.config import ConfigError
+from vllm_triage.dashboards import DASHBOARDS
+from vllm_triage.generate import RULES_FILE
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "vllm-triage"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+KUBERNETES = kubernetes_validate.latest_version()
+
+
+def render(values: dict | None = None, chart: Path = CHART) -> list[dict]:
+    """Every object the chart renders, hooks included, as helm template would print them."""
+    manifests = helm_python.Chart.load(str(chart)).render(values or {}, name="llm", namespace="inference")
+    objects = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def ci_values(name: str) -> dict:
+    return yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text()) or {}
+
+
+def one(objects: list[dict], kind: str) -> dict:
+    found = [o for o in objects if o["kind"] == kind and "helm.sh/hook" not in o["metadata"].get("annotations", {})]
+    assert len(found) == 1, f"{len(found)} {kind}s"
+    return found[0]
+
+
+def containers(deployment: dict) -> dict[str, dict]:
+    pod = deployment["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*pod.get("initContainers", []), *pod["containers"]]}
+
+
+def sidecar_config(container: dict, objects: list[dict], tmp_path: Path):
+    """The sidecar's own parser and config loader accept what the chart passes it."""
+    args = cli._parser().parse_args(container["args"])
+    if args.config:
+        (config_file,) = [o["data"]["config.yaml"] for o in objects if o["kind"] == "ConfigMap" and "config.yaml" in o["data"]]
+        path = tmp_path / "config.yaml"
+        path.write_text(config_file)
+        args.config = str(path)
+    return cli._config(args)
+
+
+def test_chart_lints_clean_in_strict_mode():
+    report = helm_python.lint(str(CHART), strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.stem)
+def test_every_ci_value_set_renders_valid_kubernetes_objects(values_file):
+    objects = render(yaml.safe_load(values_file.read_text()))
+    core = [o for o in objects if not o["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {o["kind"] for o in core} >= {"Deployment", "Service", "ServiceAccount", "Pod"}
+    for manifest in core:
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+
+
+def test_default_is_vllm_with_a_native_sidecar_and_no_added_capability(tmp_path):
+    objects = render(ci_values("default"))
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    vllm, sidecar = pod["containers"][0], pod["initContainers"][0]
+    assert vllm["name"] == "vllm" and vllm["args"][0] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= vllm.keys()
+    assert sidecar["name"] == "vllm-triage" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz" and sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    security = sidecar["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"] and security["seccompProfile"]["type"] == "RuntimeDefault"
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert "shareProcessNamespace" not in pod and pod["automountServiceAccountToken"] is False
+    config = sidecar_config(sidecar, objects, tmp_path)
+    assert config.vllm_url == "http://127.0.0.1:8000" and config.sources == ("vllm", "gpu")
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+
+
+def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vllm(tmp_path):
+    objects = render(ci_values("profiler"))
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    by_name = containers(deployment)
+    assert pod["shareProcessNamespace"] is True
+    assert by_name["vllm-triage"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert "securityContext" not in by_name["vllm"]  # vLLM's container is left as the image wants it
+    config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
+    assert config.sources == ("vllm", "process", "gpu", "gil") and config.gil_interval_seconds == 30
+    assert list(config.gpus) == ["GPU-5d3f0a8e-1c2b-4b8e-9f1a-2f6c1e7d9a01", "GPU-8b2c4d6e-3f5a-4c7b-8d9e-0a1b2c3d4e02"]
+    assert config.conditions["kv_cache_saturated"].for_seconds == 60  # the ConfigMap reached the sidecar
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """The Pod Security Standard "restricted" checks that apply to these pods."""
+    problems = []
+    for key in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
+        if pod.get(key):
+            problems.append(key)
+    if any("hostPath" in v for v in pod.get("volumes", [])):
+        problems.append("hostPath volume")
+    pod_security = pod.get("securityContext", {})
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        security = c.get("securityContext", {})
+        if security.get("privileged") or security.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{c['name']}: privilege escalation allowed")
+        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")) or security.get("runAsUser") == 0:
+            problems.append(f"{c['name']}: may run as root")
+        profile = security.get("seccompProfile", pod_security.get("seccompProfile", {})).get("type")
+        if profile not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{c['name']}: seccomp {profile}")
+        capabilities = security.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{c['name']}: capabilities {capabilities}")
+    return problems
+
+
+def test_standalone_watches_the_url_and_passes_restricted_pod_security(tmp_path):
+    objects = render(ci_values("standalone"))
+    deployment = one(objects, "Deployment")
+    assert list(containers(deployment)) == ["vllm-triage"]
+    assert restricted_violations(deployment["spec"]["template"]["spec"]) == []
+    test_pod = next(o for o in objects if o["kind"] == "Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert restricted_violations(test_pod["spec"]) == []
+    config = sidecar_config(containers(deployment)["vllm-triage"], objects, tmp_path)
+    assert config.vllm_url == "http://vllm.inference.svc.cluster.local:8000" and config.sources == ("vllm",)
+    assert [p["name"] for p in one(objects, "Service")["spec"]["ports"]] == ["triage"]
+    assert all(c["metadata"]["namespace"] == "monitoring" for c in objects if c["kind"] == "ConfigMap")
+
+
+def test_standalone_without_a_url_says_which_value_is_missing():
+    with pytest.raises(helm_python.HelmError, match=r"vllm\.url is required"):
+        render({"vllm": {"enabled": False}})
+
+
+def test_before_kubernetes_1_29_the_sidecar_is_a_plain_container_and_no_operator_objects():
+    objects = render(ci_values("plain-sidecar"))
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and [c["name"] for c in pod["containers"]] == ["vllm", "vllm-triage"]
+    assert "restartPolicy" not in pod["containers"][1]
+    assert not [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
+
+
+def test_monitoring_scrapes_both_under_the_job_names_the_alerts_use_and_ships_the_generated_rules(tmp_path):
+    objects = render(ci_values("default"))
+    monitor = one(objects, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    jobs = {e["port"]: e["relabelings"][0]["replacement"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert jobs == {"http": "vllm", "triage": "vllm-triage"}
+    assert f'job="{jobs["http"]}"' == mixin.VLLM_JOB and f'job="{jobs["triage"]}"' == mixin.SIDECAR_JOB
+    rule = one(objects, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((ROOT / "alerts" / RULES_FILE).read_text())
+    if shutil.which("promtool"):
+        path = tmp_path / "rules.yml"
+        path.write_text(yaml.safe_dump(rule["spec"]))
+        subprocess.run(["promtool", "check", "rules", str(path)], check=True, capture_output=True)
+
+
+def test_dashboards_ship_as_configmaps_grafana_picks_up():
+    objects = render(ci_values("default"))
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    shipped = {key: json.loads(text) for m in maps for key, text in m["data"].items()}
+    assert shipped == {name: json.loads((ROOT / "dashboards" / name).read_text()) for name in DASHBOARDS}
+
+
+@pytest.mark.parametrize(
+    ("values", "names"),
+    [({"vllm": {"enabeld": False}}, "enabeld"), ({"triage": {"nativeSidecar": "yes"}}, "nativeSidecar"), ({"profiler": {"rate": 0}}, "rate")],
+)
+def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):
+    with pytest.raises(helm_python.HelmError, match=names):
+        render(values)
+
+
+def test_a_wrong_sidecar_config_is_caught_by_the_sidecar_itself(tmp_path):
+    objects = render({"triage": {"config": {"conditions": {"kv_cache_saturated": {"usage_min": 1.7}}}}})
+    sidecar = containers(one(objects, "Deployment"))["vllm-triage"]
+    with pytest.raises(ConfigError, match="usage_min"):
+        sidecar_config(sidecar, objects, tmp_path)
+
+
+def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
+    """The chart README's snippet, pasted into a parent chart that lists this one as a dependency."""
+    readme = (CHART / "README.md").read_text()
+    chart_yaml, deployment_part = re.findall(r"```yaml\n(.*?)```", readme, re.S)[-2:]
+    parent = tmp_path / "my-vllm"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "vllm-triage")
+    meta, values = chart_yaml.split("# values.yaml\n")
+    (parent / "Chart.yaml").write_text("apiVersion: v2\nname: my-vllm\nversion: 1.0.0\n" + meta.replace("file://../vllm-triage", "file://charts/vllm-triage"))
+    (parent / "values.yaml").write_text(values)
+    pod = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: mine}\nspec:\n  selector: {matchLabels: {app: mine}}\n  template:\n"
+    pod += "    metadata: {labels: {app: mine}}\n    spec:\n"
+    body = deployment_part.split("\n", 1)[1].replace("          # ... your vLLM container, serving on port 8000\n", "          image: vllm/vllm-openai\n")
+    (parent / "templates" / "deployment.yaml").write_text(pod + body)
+    objects = render({}, chart=parent)
+    assert [o["kind"] for o in objects] == ["Deployment"]  # templatesOnly: none of the chart's own objects
+    kubernetes_validate.validate(objects[0], KUBERNETES, strict=True)
+    by_name = containers(objects[0])
+    assert by_name["vllm-triage"]["image"] == "ghcr.io/vllm-triage/vllm-triage:0.1.0"
+    assert "--vllm-url=http://127.0.0.1:8000" in by_name["vllm-triage"]["args"]
+    assert [v["name"] for v in objects[0]["spec"]["template"]["spec"]["volumes"]] == ["vllm-triage-tmp"]
