@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools bench generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -33,7 +33,7 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-unit: $(VENV)/.installed
+unit: $(VENV)/.installed prometheus-tools compose-tools
 	$(BIN)/pytest -q tests/unit
 
 # The alert rules with promtool (every alert fires on its input, stays silent on healthy input)
@@ -49,6 +49,12 @@ prometheus-tools:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
 	  systemctl stop prometheus prometheus-alertmanager 2>/dev/null || true; }
 	promtool --version | head -1
+
+# Debian's docker-compose (v1): validates and merges the compose files; no Docker engine is needed.
+compose-tools:
+	@command -v docker-compose >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
+	docker-compose version --short
 
 integration: $(VENV)/.installed vllm-env prometheus-tools
 	$(BIN)/pytest -q -rA tests/integration
