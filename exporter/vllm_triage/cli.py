@@ -32,6 +32,7 @@ SCRAPE_KEYS = (
     "max_num_seqs",
     "sources",
     "process_title_prefix",
+    "process_interval_seconds",
     "gpu_interval_seconds",
     "gpus",
     "gpm",

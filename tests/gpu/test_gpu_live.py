@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.sources.gpu import GpuSource
 
-from .truth import check, read_phases, replay_config
+from .truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config
 
 pytestmark = pytest.mark.gpu
 PHASES = ("idle:15", "compute:30", "copy_d2d:30", "copy_h2d:30", "copy_h2d_only:30", "starved:30", "mixed:36", "idle:15")
@@ -51,6 +52,47 @@ def test_every_gpu_verdict_matches_the_workload(tmp_path):
     phase_file = out / "gpu-h200-live.json"
     phase_file.write_text(json.dumps([(line.split()[1], float(line.split()[-1])) for line in marks.stdout.splitlines() if line.startswith("phase ")]))
     problems = check(capture, read_phases(phase_file), replay_config(tmp_path))
+    assert not problems, "\n".join(problems[:20])
+
+
+SERVING_PHASES = ("idle:20", "starved:45", "compute:45", "idle:10")
+
+
+def test_gpu_starved_names_the_engine_core_and_only_when_the_gpu_waits(tmp_path):
+    """The host layer end to end: the sidecar finds the serving loop as vLLM's engine core by its
+    title, samples its threads and GIL, reads the GPU it uses, and judges gpu_starved per phase."""
+    out = Path(os.environ.get("GPU_CAPTURE_DIR", tmp_path))
+    capture = out / "gpu-starved-h200.jsonl.gz"
+    port = "18123"
+    seconds = sum(float(p.split(":")[1]) for p in SERVING_PHASES) + 12
+    # Under another argv[0] a venv's python no longer finds its venv: hand it the site-packages.
+    path = os.pathsep.join([str(REPO / "exporter"), str(REPO), *site.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "0"}
+    errors = (out / "serving-loop.log").open("w")
+    loop = subprocess.Popen(
+        ["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -m tests.gpu.serving {port} {' '.join(SERVING_PHASES)}"],
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    time.sleep(4)  # torch import and the first /metrics
+    sampling = ["--sources", "vllm,process,gpu,gil", "--gil-interval-seconds", "10", "--gil-window-seconds", "3"]
+    sampling += ["--process-interval-seconds", "1", "--gpu-interval-seconds", "0.5"]
+    recorder = subprocess.run(
+        cli("record", "--vllm-url", f"http://127.0.0.1:{port}", *sampling, "--seconds", str(seconds), "--out", str(capture)),
+        env=env,
+        cwd=REPO,
+        timeout=seconds + 60,
+    )
+    marks, _ = loop.communicate(timeout=60)
+    assert recorder.returncode == 0
+    phase_file = out / "gpu-starved-h200.json"
+    phase_file.write_text(json.dumps([(line.split()[1], float(line.split()[-1])) for line in marks.splitlines() if line.startswith("phase ")]))
+    ran = [name for name, _, _ in read_phases(phase_file)]
+    assert ran == [p.split(":")[0] for p in SERVING_PHASES], (out / "serving-loop.log").read_text()[-2000:]
+    problems = check(capture, read_phases(phase_file), replay_config(tmp_path, STARVED_REPLAY_CONFIG), STARVED_EXPECTED)
     assert not problems, "\n".join(problems[:20])
 
 

@@ -154,3 +154,11 @@ def test_without_py_spy_one_clear_message():
     source.py_spy = None  # as on a machine where the binary is missing
     reading = asyncio.run(source.collect())
     assert not reading.ok and reading.error_reason == "no_py_spy" and "pip install py-spy" in (reading.error or "")
+
+
+def test_a_target_that_exits_mid_window_is_reported_gone_not_as_a_py_spy_crash():
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
+    time.sleep(0.3)
+    reading = asyncio.run(GilSource(lambda: {"engine_core": target.pid}, window_seconds=2).collect())
+    target.wait()
+    assert not reading.ok and reading.error_reason == "target_gone", reading.error

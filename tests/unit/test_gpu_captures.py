@@ -3,6 +3,7 @@ bottleneck is known (tests/gpu/workloads.py), replayed here where no GPU exists.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.daemon import replay
 
-from tests.gpu.truth import check, read_phases, replay_config
+from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CAPTURES = sorted(DATA.glob("gpu-h200-*.jsonl.gz"))
@@ -74,3 +75,23 @@ def test_without_a_gpu_the_gpu_conditions_are_unknown_and_the_rest_works():
     assert states["kv_cache_saturated"].state == "inactive"
     underload = states["client_underload"]
     assert any("GPU evidence unavailable" in e.text for e in underload.evidence)
+
+
+def test_gpu_starved_on_the_h200_names_the_engine_core_and_stays_silent_when_the_gpu_computes(tmp_path):
+    """Recorded on the H200 (tests/gpu/test_gpu_live.py): a serving loop titled VLLM::EngineCore with 16
+    requests in flight, first Python-bound between tiny kernels, then driving bf16 matmuls; its main
+    thread is a saturated core in both phases."""
+    capture, marks = DATA / "gpu-starved-h200.jsonl.gz", DATA / "gpu-starved-h200.json"
+    config = replay_config(tmp_path, STARVED_REPLAY_CONFIG)
+    phases = read_phases(marks)
+    assert [name for name, _, _ in phases] == ["idle", "starved", "compute", "idle"]
+    problems = check(capture, phases, config, STARVED_EXPECTED)
+    assert not problems, "\n".join(problems[:20])
+    end_of_starved = next(end for name, _, end in phases if name == "starved")
+    snapshots = []
+    replay([r for r in read_readings(capture) if r.timestamp <= end_of_starved], config, snapshots.append)
+    verdict = next(v for v in snapshots[-1].verdicts if v.condition == "gpu_starved")
+    texts = [e.text for e in verdict.evidence]
+    named = [re.search(r'^engine_core 0 \(pid \d+\): busiest thread "python" \(main thread\) at ([\d.]+) of a core', t) for t in texts]
+    assert any(m and float(m.group(1)) >= 0.85 for m in named), texts
+    assert any("hot while holding the GIL: run_phase" in t and "(workloads.py)" in t for t in texts), texts

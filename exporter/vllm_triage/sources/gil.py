@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from ..model import GIL_SOURCE, Reading, SeriesKey, make_labels
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,13 @@ def find_py_spy() -> str | None:
     """py-spy installed beside this Python (the package's own dependency, venv or not), else on PATH."""
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def hot_functions(raw: str, top: int) -> list[tuple[str, str, int]]:
@@ -139,10 +148,15 @@ class GilSource:
             if process.returncode != 0 or counted is None:
                 if "ermission" in text or "not permitted" in text:
                     return ("no_permission", NO_PERMISSION_FIX)
-                if "No such process" in text or "Failed to find" in text:
+                if "No such process" in text or "Failed to find" in text or not _alive(pid):
                     return ("target_gone", f"the {role} (pid {pid}) exited while sampled")
-                last = text.strip().splitlines()[-1] if text.strip() else f"exit {process.returncode}"
-                return ("py_spy_failed", f"py-spy on the {role} (pid {pid}): {last[:200]}")
+                lines = text.strip().splitlines()
+                # py-spy prints `Error: ...` and then a stack backtrace of its own: the error is the news
+                first_error = next((line.strip() for line in lines if line.lstrip().startswith("Error")), None)
+                said = first_error or (lines[-1].strip() if lines else f"exit {process.returncode}")
+                return ("py_spy_failed", f"py-spy on the {role} (pid {pid}): {said[:200]}")
+            if not _alive(pid):  # py-spy stops quietly when its target exits: a partial window, not a ratio
+                return ("target_gone", f"the {role} (pid {pid}) exited while sampled")
             raw = raw_path.read_text() if raw_path.exists() else ""
         ticks = self.rate * self.window_seconds
         labels = make_labels({"role": role})
