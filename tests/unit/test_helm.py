@@ -108,6 +108,8 @@ def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vl
     assert config.sources == ("vllm", "process", "gpu", "gil") and config.gil_interval_seconds == 30
     assert list(config.gpus) == ["GPU-5d3f0a8e-1c2b-4b8e-9f1a-2f6c1e7d9a01", "GPU-8b2c4d6e-3f5a-4c7b-8d9e-0a1b2c3d4e02"]
     assert config.conditions["kv_cache_saturated"].for_seconds == 60  # the ConfigMap reached the sidecar
+    endpoints = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert {e["port"]: e["relabelings"][0]["replacement"] for e in endpoints} == {"http": "vllm", "triage": "vllm-triage"}
 
 
 def restricted_violations(pod: dict) -> list[str]:
@@ -145,6 +147,7 @@ def test_standalone_watches_the_url_and_passes_restricted_pod_security(tmp_path)
     config = sidecar_config(containers(deployment)["vllm-triage"], objects, tmp_path)
     assert config.vllm_url == "http://vllm.inference.svc.cluster.local:8000" and config.sources == ("vllm",)
     assert [p["name"] for p in one(objects, "Service")["spec"]["ports"]] == ["triage"]
+    assert [e["port"] for e in one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["triage"]
     assert all(c["metadata"]["namespace"] == "monitoring" for c in objects if c["kind"] == "ConfigMap")
 
 

@@ -58,3 +58,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- eq $mode "true" }}
 {{- end }}
 {{- end }}
+
+{{/* Scrape endpoints of vLLM (job "vllm") and the sidecar (job "vllm-triage"), the jobs the alerts use.
+Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMonitor). */}}
+{{- define "vllm-triage.scrapeEndpoints" -}}
+{{- $ports := list "triage" }}
+{{- if .root.Values.vllm.enabled }}{{ $ports = list "http" "triage" }}{{ end }}
+{{- range $ports }}
+- port: {{ . }}
+  path: /metrics
+  interval: {{ $.monitor.interval }}
+  scrapeTimeout: {{ $.monitor.scrapeTimeout }}
+  relabelings:
+    - action: replace
+      targetLabel: job
+      replacement: {{ ternary "vllm" "vllm-triage" (eq . "http") }}
+{{- end }}
+{{- end }}
