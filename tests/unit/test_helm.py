@@ -61,8 +61,11 @@ def sidecar_config(container: dict, objects: list[dict], tmp_path: Path):
     return cli._config(args)
 
 
-def test_chart_lints_clean_in_strict_mode():
-    report = helm_python.lint(str(CHART), strict=True)
+@pytest.mark.parametrize("values_file", [None, *CI_VALUES], ids=lambda p: p.stem if p else "defaults")
+@pytest.mark.parametrize("kube_version", ["v1.28.0", "v1.33.0"])
+def test_chart_lints_clean_in_strict_mode(values_file, kube_version):
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    report = helm_python.lint(str(CHART), values, strict=True, kube_version=kube_version)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not report["errors"] and not problems, report
 

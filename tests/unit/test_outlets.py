@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import subprocess
+from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.diagnosis.conditions import CONDITIONS
@@ -142,3 +146,19 @@ def test_landing_page_links_the_endpoints():
     for link in (b'href="metrics"', b'href="diagnosis"', b'href="healthz"', b'href="readyz"'):
         assert link in body
     assert b"kv_cache_saturated" in body
+
+
+@pytest.mark.parametrize("capture", ["gpu-starved-h200.jsonl.gz", "gpu-h200-phases.jsonl.gz"])
+def test_exposition_of_every_layer_passes_promtool_check_metrics(capture):
+    """Every family the sidecar exports, fed by real readings of all four sources, linted as node_exporter's are."""
+    readings = list(read_readings(Path(__file__).resolve().parents[1] / "data" / capture))
+    clock = {"t": readings[0].timestamp}
+    daemon = Daemon(load(env={}), clock=lambda: clock["t"])
+    for r in readings[:300]:
+        clock["t"] = r.timestamp
+        daemon.ingest(r)
+        daemon.tick()
+    text = daemon.exposition.text.decode()
+    assert "vllm_triage_condition_active" in text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result.stdout + result.stderr
