@@ -95,6 +95,7 @@ def test_default_is_vllm_with_a_native_sidecar_and_no_added_capability(tmp_path)
     assert "shareProcessNamespace" not in pod and pod["automountServiceAccountToken"] is False
     config = sidecar_config(sidecar, objects, tmp_path)
     assert config.vllm_url == "http://127.0.0.1:8000" and config.sources == ("vllm", "gpu")
+    assert config.max_num_seqs is None  # vLLM's default applies; the sidecar says so in its evidence
     env = {e["name"]: e["value"] for e in sidecar["env"]}
     assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
 
@@ -137,6 +138,14 @@ def restricted_violations(pod: dict) -> list[str]:
         if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
             problems.append(f"{c['name']}: capabilities {capabilities}")
     return problems
+
+
+@pytest.mark.parametrize("extra_args", [["--max-num-seqs=96"], ["--enforce-eager", "--max-num-seqs", "96"]])
+def test_max_num_seqs_reaches_the_sidecar_without_the_profiler(extra_args, tmp_path):
+    objects = render({"vllm": {"extraArgs": extra_args}})
+    by_name = containers(one(objects, "Deployment"))
+    assert sidecar_config(by_name["vllm-triage"], objects, tmp_path).max_num_seqs == 96
+    assert by_name["vllm"]["args"][-len(extra_args) :] == extra_args
 
 
 def test_standalone_watches_the_url_and_passes_restricted_pod_security(tmp_path):

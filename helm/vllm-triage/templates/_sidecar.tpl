@@ -4,6 +4,7 @@ Call it with a dict:
   values    this chart's values shape (image, triage, profiler); missing keys take the defaults below
   vllmUrl   the vLLM to watch, e.g. http://127.0.0.1:8000
   native    true to render it for initContainers (a native sidecar, Kubernetes >= 1.29)
+  maxNumSeqs vLLM's --max-num-seqs, when the sidecar cannot read vLLM's command line (no profiler)
   appVersion the image tag when values.image.tag is empty (this chart passes its appVersion)
 The pod also needs the volume from "vllm-triage.sidecarVolumes", and, with the profiler on,
 shareProcessNamespace: true.
@@ -31,6 +32,9 @@ shareProcessNamespace: true.
     - --listen=0.0.0.0:{{ $port }}
     - --sources={{ join "," $sources }}
     - --log-level={{ $triage.logLevel | default "info" }}
+    {{- with .maxNumSeqs }}
+    - --max-num-seqs={{ . }}
+    {{- end }}
     {{- with $gpu.devices }}
     - --gpus={{ join "," . }}
     {{- end }}
