@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
 from .daemon import Daemon, SourceLoop, build_sources, replay
@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     add_flags(play, ("tick_seconds", "window_seconds", "max_num_seqs", "log_level"))
     play.add_argument("capture", metavar="FILE", help="Capture file ('demo': the bundled one).")
     play.add_argument("--json", action="store_true", help="Print one JSON object per state change.")
+
+    trace = commands.add_parser("trace", help="Summarise a torch profiler trace (vLLM's profiler output, *.pt.trace.json.gz).")
+    trace.add_argument("trace", metavar="FILE", help="The trace file (gzip or plain Chrome trace JSON).")
+    trace.add_argument("--top", type=int, default=5, help="Kernels and host ops to list. Default 5.")
+    trace.add_argument("--slices", type=int, default=10, help="Slices of the traced window in the timeline. Default 10.")
+    trace.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     return parser
 
 
@@ -213,8 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diagnose(args, config)
         if args.command == "record":
             return _record(args, config)
+        if args.command == "trace":
+            summary = traces.summarize(Path(args.trace), top=max(1, args.top), slices=max(1, args.slices))
+            print(json.dumps(summary.to_json(), indent=2) if args.json else traces.report(summary))
+            return 0
         return _replay(args, config)
-    except CaptureError as exc:
+    except (CaptureError, traces.TraceError) as exc:
         print(f"vllm-triage: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
