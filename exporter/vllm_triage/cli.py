@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--json", action="store_true", help="Print one JSON object per state change.")
 
     trace = commands.add_parser("trace", help="Summarise a torch profiler trace (vLLM's profiler output, *.pt.trace.json.gz).")
-    trace.add_argument("trace", metavar="FILE", help="The trace file (gzip or plain Chrome trace JSON).")
+    trace.add_argument("trace", metavar="PATH", nargs="+", help="Trace files (gzip or plain Chrome trace JSON) or folders of them (one per worker).")
     trace.add_argument("--top", type=int, default=5, help="Kernels and host ops to list. Default 5.")
     trace.add_argument("--slices", type=int, default=10, help="Slices of the traced window in the timeline. Default 10.")
     trace.add_argument("--json", action="store_true", help="Print the summary as JSON.")
@@ -220,8 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             return _record(args, config)
         if args.command == "trace":
-            summary = traces.summarize(Path(args.trace), top=max(1, args.top), slices=max(1, args.slices))
-            print(json.dumps(summary.to_json(), indent=2) if args.json else traces.report(summary))
+            summaries = [traces.summarize(path, top=max(1, args.top), slices=max(1, args.slices)) for path in traces.trace_files(args.trace)]
+            if args.json:
+                print(json.dumps([s.to_json() for s in summaries], indent=2))
+            else:
+                print("\n\n".join(traces.report(s) for s in summaries))
             return 0
         return _replay(args, config)
     except (CaptureError, traces.TraceError) as exc:

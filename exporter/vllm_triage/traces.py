@@ -62,6 +62,21 @@ class TraceSummary:
         return asdict(self)
 
 
+def trace_files(paths: list[str]) -> list[Path]:
+    """The files named, and the traces (*.pt.trace.json[.gz]) in the folders named: one per worker under TP."""
+    found: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            inside = sorted(p for p in path.iterdir() if p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")))
+            if not inside:
+                raise TraceError(f"{path}: no *.pt.trace.json[.gz] files in this folder")
+            found += inside
+        else:
+            found.append(path)
+    return found
+
+
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The trace's events; gzip or plain JSON, either a `{"traceEvents": [...]}` object or a bare list."""
     try:

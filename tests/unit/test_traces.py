@@ -37,8 +37,20 @@ def test_cli_prints_the_report_and_json(capsys):
     text = capsys.readouterr().out
     assert "GPU 0: busy 22%" in text and "findings:" in text and "aten::mul" in text
     assert cli.main(["trace", str(TRACE), "--json"]) == 0
-    document = json.loads(capsys.readouterr().out)
+    (document,) = json.loads(capsys.readouterr().out)
     assert 0.15 < document["gpus"][0]["busy_ratio"] < 0.3 and len(document["gpus"][0]["timeline"]) == 10
+
+
+def test_a_folder_of_worker_traces_gets_one_summary_per_worker(tmp_path, capsys):
+    for worker in ("VllmWorker-0", "VllmWorker-1"):
+        (tmp_path / f"{worker}.1796002107849.pt.trace.json.gz").write_bytes(TRACE.read_bytes())
+    (tmp_path / "notes.txt").write_text("not a trace")
+    assert cli.main(["trace", str(tmp_path), "--json"]) == 0
+    assert [Path(s["file"]).name.split(".")[0] for s in json.loads(capsys.readouterr().out)] == ["VllmWorker-0", "VllmWorker-1"]
+    assert cli.main(["trace", str(tmp_path / "empty")]) == 2  # a missing path is named, not a traceback
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["trace", str(tmp_path / "empty")]) == 2
+    assert "no *.pt.trace.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

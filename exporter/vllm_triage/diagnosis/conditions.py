@@ -485,6 +485,7 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             "API server thread saturated (tokenisation/detokenisation): raise --api-server-count.",
             "Engine core thread saturated: enable async scheduling, reduce per-step host work (shorter detokenisation, fewer logprobs).",
             "Check the pod's CPU limit and throttling (vllm_triage_process_window_cgroup_throttled_ratio); give vLLM faster or more cores.",
+            "To see where each step's host time goes, take a torch profiler trace of a few steps and run `vllm-triage trace` on it.",
         ),
         predicate=_gpu_starved,
         thresholds=(
