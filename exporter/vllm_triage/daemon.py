@@ -108,6 +108,11 @@ class Daemon:
     def metrics_body(self, openmetrics: bool) -> bytes:
         return self.exposition.openmetrics if openmetrics else self.exposition.text
 
+    @property
+    def target(self) -> str:
+        """What the report says it diagnosed."""
+        return "the bundled demo capture" if self.config.demo else self.config.vllm_url
+
     # --- pipeline ---
     def ingest(self, reading: Reading) -> None:
         self.store.add(reading)

@@ -1,4 +1,5 @@
-"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis. Handlers only read prepared bytes."""
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis, /report. Handlers only read prepared bytes
+(the text report is rendered at most once per snapshot, on first request)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Protocol
 from aiohttp import web
 
 from .model import Snapshot
+from .report import format_report
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -20,6 +22,9 @@ class Outlets(Protocol):
 
     snapshot: Snapshot | None
     diagnosis_json: bytes
+
+    @property
+    def target(self) -> str: ...
 
     def metrics_body(self, openmetrics: bool) -> bytes: ...
 
@@ -64,6 +69,16 @@ def make_app(outlets: Outlets) -> web.Application:
             return web.Response(status=503, body=body, content_type="application/json")
         return web.Response(body=outlets.diagnosis_json, content_type="application/json")
 
+    rendered: list[tuple[Snapshot, bytes]] = []
+
+    async def report(_: web.Request) -> web.StreamResponse:
+        snapshot = outlets.snapshot
+        if snapshot is None:
+            return web.Response(status=503, text="starting: no evaluation yet\n")
+        if not rendered or rendered[0][0] is not snapshot:
+            rendered[:] = [(snapshot, format_report(snapshot, outlets.target).encode())]
+        return web.Response(body=rendered[0][1], content_type="text/plain", charset="utf-8")
+
     async def index(_: web.Request) -> web.StreamResponse:
         return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
 
@@ -73,6 +88,7 @@ def make_app(outlets: Outlets) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/diagnosis", diagnosis)
+    app.router.add_get("/report", report)
     return app
 
 
@@ -89,6 +105,7 @@ def landing_page(snapshot: Snapshot | None) -> str:
 <ul>
 <li><a href="metrics">/metrics</a> Prometheus metrics (OpenMetrics when asked)</li>
 <li><a href="diagnosis">/diagnosis</a> every condition with state, evidence and next actions (JSON)</li>
+<li><a href="report">/report</a> the same as a report to read (what <code>vllm-triage diagnose</code> prints)</li>
 <li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
 </ul>{status}
 <table border="1" cellpadding="4"><tr><th>condition</th><th>state</th><th>severity</th><th>summary</th></tr>{rows}</table>

@@ -121,6 +121,20 @@ def test_diagnosis_json_says_what_why_and_what_next():
     assert doc["signals"]["m/0"]["requests_waiting_mean"] == 12
 
 
+def test_report_reads_like_the_diagnose_command_and_is_rendered_once_per_snapshot():
+    daemon = saturated_daemon()
+    (first, second) = serve_and_get(daemon, [("/report", {}), ("/report", {})])
+    status, headers, body = first
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    text = body.decode()
+    assert text.startswith("vllm-triage diagnosis of http://127.0.0.1:8000")
+    assert "kv_cache_saturated" in text and "Capacity is the limit" in text
+    assert second[2] == body
+    starting = Daemon(load(env={}))
+    ((status, _, _),) = serve_and_get(starting, [("/report", {})])
+    assert status == 503
+
+
 def test_vllm_down_keeps_metrics_answering_with_unknowns():
     daemon = saturated_daemon()
     t0 = daemon.snapshot.timestamp if daemon.snapshot else 0.0
@@ -143,7 +157,7 @@ def test_vllm_down_keeps_metrics_answering_with_unknowns():
 def test_landing_page_links_the_endpoints():
     ((status, headers, body),) = serve_and_get(saturated_daemon(), [("/", {})])
     assert status == 200 and headers["Content-Type"].startswith("text/html")
-    for link in (b'href="metrics"', b'href="diagnosis"', b'href="healthz"', b'href="readyz"'):
+    for link in (b'href="metrics"', b'href="diagnosis"', b'href="report"', b'href="healthz"', b'href="readyz"'):
         assert link in body
     assert b"kv_cache_saturated" in body
 
