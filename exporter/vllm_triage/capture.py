@@ -69,6 +69,12 @@ def _header(handle: IO[str], path: str | Path) -> dict[str, Any]:
     return header
 
 
+def read_description(path: str | Path) -> dict[str, Any]:
+    """The header a recorder wrote (format, version and what it recorded, e.g. the phases it drove)."""
+    with _open(path) as handle:
+        return _header(handle, path)
+
+
 def read_readings(path: str | Path) -> Iterator[Reading]:
     """The Readings of a capture in timestamp order (stable for equal timestamps)."""
     readings = []

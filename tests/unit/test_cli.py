@@ -6,7 +6,7 @@ import gzip
 import json
 
 import pytest
-from vllm_triage.capture import CaptureWriter, demo_capture_path, read_readings
+from vllm_triage.capture import CaptureWriter, demo_capture_path, read_description, read_readings
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
 
@@ -85,10 +85,12 @@ def test_diagnose_capture_at_a_moment_prints_an_actionable_report(capsys):
 def test_capture_round_trip(tmp_path):
     readings = list(read_readings(demo_capture_path()))[:20]
     path = tmp_path / "copy.jsonl.gz"
-    with CaptureWriter(path) as writer:
+    with CaptureWriter(path, {"phases": [["idle", 45, 0]]}) as writer:
         for reading in readings:
             writer.write(reading)
     assert list(read_readings(path)) == readings
+    assert read_description(path)["phases"] == [["idle", 45, 0]]
+    assert [p[0] for p in read_description(demo_capture_path())["phases"]] == ["idle", "underload", "kv_saturation", "recovery"]
 
 
 def test_generated_docs_are_current():

@@ -1,0 +1,58 @@
+"""How long the default settings take to raise and to clear each verdict, on real vLLM data: replays
+the bundled demo capture (a real vLLM, CPU build, driven through idle / client underload / KV-cache
+saturation / recovery; tests/integration/record_demo.py) on the virtual clock and reports every
+transition against the phase it happened in. Prints a table; enforces nothing.
+
+    .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE]
+
+The phases come from the capture's header; they start with the recording (the load driver and the
+recorder start together), so offsets are good to the scrape interval (2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from vllm_triage.capture import demo_capture_path, read_description, read_readings
+from vllm_triage.config import load
+from vllm_triage.daemon import replay
+from vllm_triage.model import Snapshot
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", help="A sidecar config file (default: the defaults).")
+    parser.add_argument("--capture", default=str(demo_capture_path()))
+    args = parser.parse_args()
+    config = load(args.config, env={})
+    readings = list(read_readings(args.capture))
+    start = readings[0].timestamp
+    phases = []
+    offset = 0.0
+    for name, seconds, *_ in read_description(args.capture)["phases"]:
+        phases.append((name, offset, offset + seconds))
+        offset += seconds
+    states: dict[str, str] = {}
+    transitions: list[tuple[float, str, str, str]] = []
+
+    def on_tick(snapshot: Snapshot) -> None:
+        for verdict in snapshot.verdicts:
+            before = states.get(verdict.condition, "inactive")
+            if verdict.state != before and "active" in (verdict.state, before):
+                transitions.append((snapshot.timestamp - start, verdict.condition, before, verdict.state))
+            states[verdict.condition] = verdict.state
+
+    replay(readings, config, on_tick)
+    print(f"capture {args.capture}: {readings[-1].timestamp - start:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")
+    print("phases: " + ", ".join(f"{name} {lo:.0f}-{hi:.0f} s" for name, lo, hi in phases))
+    print(f"{'at':>7}  {'condition':<28} {'change':<20} phase (seconds into it)")
+    for at, condition, before, after in transitions:
+        name, lo = next(((n, lo) for n, lo, hi in phases if lo <= at < hi), (phases[-1][0], phases[-1][1]))
+        print(f"{at:6.0f}s  {condition:<28} {before + ' -> ' + after:<20} {name} (+{at - lo:.0f} s)")
+    by_condition = itertools.groupby(sorted(transitions, key=lambda t: t[1]), key=lambda t: t[1])
+    print("conditions that changed: " + ", ".join(name for name, _ in by_condition))
+
+
+if __name__ == "__main__":
+    main()
