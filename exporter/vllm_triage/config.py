@@ -173,6 +173,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("process_interval_seconds", 2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S"),
     Option("gpu_interval_seconds", 1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S"),
     Option("gpus", None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST"),
+    Option(
+        "gpus_file",
+        None,
+        _optional(_text),
+        "A file naming the GPUs vLLM's container was given (UUIDs or indices, one per line), written by that container; read until it appears.",
+        "FILE",
+    ),
     Option("gpm", True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL"),
     Option("gil_interval_seconds", 60.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S"),
     Option("gil_window_seconds", 5.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S"),

@@ -60,7 +60,7 @@ def build_sources(config: Config, clock: Callable[[], float], latest_processes: 
         gil = GilSource(lambda: first_pid_by_role(vllm_pids_by_role()), config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
         loops.append(SourceLoop(GIL_SOURCE, config.gil_interval_seconds, gil.collect, gil.close))
     if GPU_SOURCE in config.sources:
-        gpu = GpuSource(config.gpus, vllm_pids, config.gpm, clock)
+        gpu = GpuSource(config.gpus, vllm_pids, config.gpm, clock, gpus_file=config.gpus_file)
 
         async def close_gpu() -> None:
             gpu.close()

@@ -153,3 +153,33 @@ def test_selection_follows_the_vllm_process_cuda_visible_devices(nvml):
         worker.kill()
     assert set(series(reading, "gpu_utilization_ratio")) == {"1", "3"}
     assert reading.meta["selection"] == f"CUDA_VISIBLE_DEVICES=1,3 of vLLM pid {worker.pid}"
+
+
+def test_selection_from_the_file_vllms_container_writes(nvml, tmp_path):
+    nvml(count=4)
+    listed = tmp_path / "gpus"
+    listed.write_text("GPU-fake-1\nGPU-fake-3\n")  # as nvidia-smi --query-gpu=uuid --format=csv,noheader prints them
+    reading = GpuSource(gpus_file=str(listed)).collect()
+    assert set(series(reading, "gpu_utilization_ratio")) == {"1", "3"}
+    assert reading.meta["selection"] == f"{listed}, written by vLLM's container"
+
+
+def test_a_sidecar_started_before_vllm_narrows_to_vllms_gpus_once_they_are_known(nvml, tmp_path):
+    """A native sidecar starts before vLLM's container: first every GPU, provisionally; then vLLM's."""
+    nvml(count=4)
+    clock = {"t": 1000.0}
+    listed = tmp_path / "gpus"
+    source = GpuSource(gpus_file=str(listed), clock=lambda: clock["t"])
+    first = source.collect()
+    assert set(series(first, "gpu_utilization_ratio")) == {"0", "1", "2", "3"}
+    assert first.meta["selection"].startswith("all visible GPUs")
+    listed.write_text("GPU-fake-2\n")
+    clock["t"] += 10
+    assert set(series(source.collect(), "gpu_utilization_ratio")) == {"0", "1", "2", "3"}  # not looked again yet
+    clock["t"] += 25
+    later = source.collect()
+    assert set(series(later, "gpu_utilization_ratio")) == {"2"}
+    assert later.meta["selection"].endswith("written by vLLM's container")
+    listed.unlink()
+    clock["t"] += 60
+    assert set(series(source.collect(), "gpu_utilization_ratio")) == {"2"}  # a decided choice stays

@@ -236,3 +236,34 @@ def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     assert by_name["vllm-triage"]["image"] == "ghcr.io/vllm-triage/vllm-triage:0.1.0"
     assert "--vllm-url=http://127.0.0.1:8000" in by_name["vllm-triage"]["args"]
     assert [v["name"] for v in objects[0]["spec"]["template"]["spec"]["volumes"]] == ["vllm-triage-tmp"]
+
+
+def test_vllms_container_tells_the_sidecar_its_gpus_through_a_shared_file(tmp_path):
+    objects = render({"vllm": {"command": ["echo", "serve"]}})
+    by_name = containers(one(objects, "Deployment"))
+    vllm, sidecar = by_name["vllm"], by_name["vllm-triage"]
+    config = sidecar_config(sidecar, objects, tmp_path)
+    assert config.gpus_file == "/run/vllm-triage/gpus" and config.gpus is None
+    mounts = {c: {m["name"]: m for m in by_name[c]["volumeMounts"]} for c in by_name}
+    assert mounts["vllm"]["vllm-triage-run"]["mountPath"] == mounts["vllm-triage"]["vllm-triage-run"]["mountPath"] == "/run/vllm-triage"
+    assert mounts["vllm-triage"]["vllm-triage-run"]["readOnly"] is True
+    # Run the container's command line with sh, as the container would: the GPU list lands in the file
+    # (a stand-in nvidia-smi prints what the real one prints), then the image's command runs with its args.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nprintf 'GPU-5d3f0a8e-1c2b\\nGPU-8b2c4d6e-3f5a\\n'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    command = [part.replace("/run/vllm-triage", str(tmp_path)) for part in vllm["command"] + vllm["args"]]
+    result = subprocess.run(command, capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"}, check=True)
+    assert result.stdout.split() == ["serve", *vllm["args"]]
+    assert (tmp_path / "gpus").read_text().split() == ["GPU-5d3f0a8e-1c2b", "GPU-8b2c4d6e-3f5a"]
+    without_smi = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert without_smi.returncode == 0 and without_smi.stdout.split()[0] == "serve"  # vLLM starts regardless
+
+
+@pytest.mark.parametrize("gpu", [{"devices": ["GPU-5d3f0a8e"]}, {"enabled": False}, {"fromVllmContainer": False}])
+def test_no_gpu_file_when_the_gpus_are_listed_or_the_view_is_off(gpu, tmp_path):
+    objects = render({"triage": {"gpu": gpu}})
+    by_name = containers(one(objects, "Deployment"))
+    assert by_name["vllm"]["command"] == ["vllm", "serve"]
+    assert sidecar_config(by_name["vllm-triage"], objects, tmp_path).gpus_file is None

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -38,6 +39,8 @@ GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
 # Fields that move slowly or only by admin action (limits, totals, memory vLLM preallocated,
 # temperature, link maxima, replay counter) are read every 10 s, halving NVML calls per tick.
 SLOW_REFRESH_SECONDS = 10.0
+RESELECT_SECONDS = 30.0
+FALLBACK_RULE = "all visible GPUs (no vLLM process or device variable seen yet)"
 MIB = 1024 * 1024
 
 
@@ -56,7 +59,7 @@ class _Device:
     index: int
     uuid: str
     handle: Any
-    gpm: bool = False
+    gpm: bool | None = None  # None until GPM support is asked (when the GPU is first chosen)
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, current], swapped each tick
     gpm_previous_time: float | None = None
     gpm_request: Any = None  # one metrics struct, reused tick after tick
@@ -72,14 +75,19 @@ class GpuSource:
         vllm_pids: Callable[[], list[int]] = list,
         use_gpm: bool = True,
         clock: Callable[[], float] = time.time,
+        gpus_file: str | None = None,
     ) -> None:
         self.selection = selection
+        self.gpus_file = gpus_file
         self.vllm_pids = vllm_pids
         self.use_gpm = use_gpm
         self.clock = clock
         self._nvml: Any = None
         self._devices: list[_Device] | None = None
+        self._every: list[_Device] = []
         self._rule = ""
+        self._provisional = False  # chosen before vLLM could be seen: look again every RESELECT_SECONDS
+        self._selected_at = -math.inf
         self._unsupported: set[str] = set()
         self._last_state: str | None = None
         self._xid_counts: dict[tuple[int, int], int] = {}
@@ -101,33 +109,51 @@ class GpuSource:
         count = pynvml.nvmlDeviceGetCount()
         if count == 0:
             raise _Unavailable("no_gpu", "NVML sees no GPU")
-        every = []
         for index in range(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            every.append(_Device(index, uuid, handle))
-        chosen, self._rule = self._select(every)
-        for device in chosen:
-            device.gpm = self.use_gpm and self._gpm_supported(device)
-        self._devices = chosen
-        log.info(
-            "GPU source: watching GPU(s) %s (chosen by %s); GPM %s",
-            ",".join(str(d.index) for d in chosen),
-            self._rule,
-            "on" if any(d.gpm for d in chosen) else "not supported: SM activity falls back to util.gpu",
-        )
+            self._every.append(_Device(index, uuid, handle))
+        self._apply_selection()
         self._xid_thread = threading.Thread(target=self._watch_xid, name="nvml-xid", daemon=True)
         self._xid_thread.start()
+
+    def _apply_selection(self) -> None:
+        """Choose the GPUs to watch. A sidecar often starts before vLLM (a native sidecar always does):
+        until a rule that sees vLLM decides, the choice is provisional and is made again later."""
+        chosen, rule = self._select(self._every)
+        self._selected_at = self.clock()
+        self._provisional = rule == FALLBACK_RULE
+        if self._devices is not None and [d.index for d in chosen] == [d.index for d in self._devices]:
+            self._rule = rule
+            return
+        for device in self._devices or []:
+            if device not in chosen:
+                self._free_gpm(device)
+        for device in chosen:
+            if device.gpm is None:
+                device.gpm = self.use_gpm and self._gpm_supported(device)
+        self._devices, self._rule = chosen, rule
+        log.info(
+            "GPU source: watching GPU(s) %s (chosen by %s%s); GPM %s",
+            ",".join(str(d.index) for d in chosen),
+            rule,
+            f"; looking again every {RESELECT_SECONDS:g} s" if self._provisional else "",
+            "on" if any(d.gpm for d in chosen) else "not supported: SM activity falls back to util.gpu",
+        )
+
+    def _free_gpm(self, device: _Device) -> None:
+        for sample in device.gpm_samples:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except self._nvml.NVMLError:
+                pass
+        device.gpm_samples.clear()
 
     def close(self) -> None:
         self._stop.set()
         if self._nvml is not None and self._devices is not None:
             for device in self._devices:
-                for sample in device.gpm_samples:
-                    try:
-                        self._nvml.nvmlGpmSampleFree(sample)
-                    except self._nvml.NVMLError:
-                        pass
+                self._free_gpm(device)
 
     def _select(self, every: list[_Device]) -> tuple[list[_Device], str]:
         """Config first, then the vLLM processes' *_VISIBLE_DEVICES, then NVML's process list, then all."""
@@ -137,6 +163,14 @@ class GpuSource:
 
         if self.selection:
             return pick(self.selection), "config"
+        if self.gpus_file:
+            try:
+                listed = [item.strip() for item in Path(self.gpus_file).read_text().replace(",", "\n").splitlines() if item.strip()]
+            except OSError:
+                listed = []
+            chosen = pick(listed)
+            if chosen:
+                return chosen, f"{self.gpus_file}, written by vLLM's container"
         pids = self.vllm_pids()
         for variable in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
             for pid in pids:
@@ -164,7 +198,7 @@ class GpuSource:
                     using.append(device)
             if using:
                 return using, "NVML's compute process list"
-        return every, "all visible GPUs (no vLLM process or device variable seen)"
+        return every, FALLBACK_RULE
 
     def _gpm_supported(self, device: _Device) -> bool:
         nvml = self._nvml
@@ -211,6 +245,8 @@ class GpuSource:
         try:
             if self._devices is None:
                 self._init()
+            elif self._provisional and self.clock() - self._selected_at >= RESELECT_SECONDS:
+                self._apply_selection()
             samples, problems = self._read_all()
         except _Unavailable as exc:
             reading = Reading(GPU_SOURCE, timestamp, False, error=exc.message, error_reason=exc.reason, duration_seconds=time.perf_counter() - start)

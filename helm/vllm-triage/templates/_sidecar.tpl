@@ -5,6 +5,7 @@ Call it with a dict:
   vllmUrl   the vLLM to watch, e.g. http://127.0.0.1:8000
   native    true to render it for initContainers (a native sidecar, Kubernetes >= 1.29)
   maxNumSeqs vLLM's --max-num-seqs, when the sidecar cannot read vLLM's command line (no profiler)
+  gpusFile  a file in a shared emptyDir where vLLM's container lists its GPUs (this chart: see deployment.yaml)
   appVersion the image tag when values.image.tag is empty (this chart passes its appVersion)
 The pod also needs the volume from "vllm-triage.sidecarVolumes", and, with the profiler on,
 shareProcessNamespace: true.
@@ -37,6 +38,9 @@ shareProcessNamespace: true.
     {{- end }}
     {{- with $gpu.devices }}
     - --gpus={{ join "," . }}
+    {{- end }}
+    {{- with .gpusFile }}
+    - --gpus-file={{ . }}
     {{- end }}
     {{- if $profiler.enabled }}
     - --gil-interval-seconds={{ $profiler.intervalSeconds | default 60 }}
@@ -99,6 +103,11 @@ shareProcessNamespace: true.
       mountPath: /etc/vllm-triage
       readOnly: true
     {{- end }}
+    {{- with .gpusFile }}
+    - name: vllm-triage-run
+      mountPath: {{ dir . }}
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* The sidecar's volumes: a writable /tmp (py-spy's output) and, with triage.config, its config file. */}}
@@ -106,6 +115,12 @@ shareProcessNamespace: true.
 - name: vllm-triage-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if .gpusFile }}
+- name: vllm-triage-run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end }}
 {{- if and .configMap (((.values | default dict).triage | default dict).config) }}
 - name: vllm-triage-config
   configMap:
