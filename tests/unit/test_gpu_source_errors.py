@@ -5,9 +5,11 @@ everything the happy path reads is proven on the H200 (tests/gpu, tests/data/gpu
 from __future__ import annotations
 
 import sys
+import time
 import types
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from vllm_triage.sources.gpu import GpuSource, parse_visible_devices
 
@@ -148,6 +150,9 @@ def test_selection_follows_the_vllm_process_cuda_visible_devices(nvml):
     nvml(count=4)
     worker = subprocess.Popen(["sleep", "30"], env={**os.environ, "CUDA_VISIBLE_DEVICES": "1,3"})
     try:
+        deadline = time.time() + 5
+        while psutil.Process(worker.pid).cmdline()[:1] != ["sleep"] and time.time() < deadline:
+            time.sleep(0.01)  # until exec: the forked child still carries its parent's environment
         reading = GpuSource(vllm_pids=lambda: [worker.pid]).collect()
     finally:
         worker.kill()
