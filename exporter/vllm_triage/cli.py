@@ -16,11 +16,9 @@ from typing import Any
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, SourceLoop, build_sources, replay
-from .diagnosis.engine import Engine
+from .daemon import Daemon, SourceLoop, build_engine, build_sources, replay
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .report import format_report, format_transition
-from .store import Store
 
 SCRAPE_KEYS = (
     "vllm_url",
@@ -103,8 +101,7 @@ def _instant(config: Config, window_seconds: float) -> Config:
 
 
 def _judge_once(config: Config, readings: list[Reading], now: float) -> Snapshot:
-    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs)
-    store = Store(horizon_seconds=config.window_seconds + 10)
+    engine, store = build_engine(config)
     for reading in readings:
         if reading.timestamp <= now:
             store.add(reading)

@@ -87,7 +87,7 @@ def vllm_pids_of(reading: Reading | None) -> list[int]:
 
 
 def build_engine(config: Config) -> tuple[Engine, Store]:
-    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs)
+    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=tuple(config.sources))
     # Keep a little more than the longest window so edge frames are always present.
     store = Store(horizon_seconds=engine.horizon_seconds + 4 * config.scrape_interval_seconds)
     return engine, store

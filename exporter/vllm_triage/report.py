@@ -37,7 +37,9 @@ def format_report(snapshot: Snapshot, target: str) -> str:
         for v in holding:
             cause = f" [cause: {v.cause}]" if v.cause else ""
             engines = f" on {', '.join(v.scopes)}" if v.scopes else ""
-            lines.append(f"  [{v.severity}] {v.condition}{cause}{engines}: {v.summary}")
+            # The daemon debounces: a predicate that holds now is reported active only once it held for `for`.
+            pending = "" if v.active else " (holds now; not active until it has held for its `for` duration)"
+            lines.append(f"  [{v.severity}] {v.condition}{cause}{engines}: {v.summary}{pending}")
             lines.append("    evidence:")
             lines.extend(f"      - {e.text}" + (f" [{e.scope}]" if e.scope and len(v.scopes) > 1 else "") for e in v.evidence)
             lines.append("    next actions:")

@@ -176,3 +176,21 @@ def test_exposition_of_every_layer_passes_promtool_check_metrics(capture):
     assert "vllm_triage_condition_active" in text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result.stdout + result.stderr
+
+
+def test_report_marks_what_holds_but_is_not_yet_active_and_names_sources_turned_off():
+    clock = {"t": 0.0}
+    daemon = Daemon(load(env={}, flags={"max_num_seqs": "64", "sources": "vllm"}), clock=lambda: clock["t"])
+    c = Counters()
+    for i in range(5):  # 8 s of saturation: the predicate holds, kv_cache_saturated's `for` (60 s) has not passed
+        clock["t"] = i * 2.0
+        c.preemptions += 4
+        c.finished += 2
+        daemon.ingest(reading(clock["t"], page(60, 12, 1.0, c)))
+        daemon.tick()
+    ((_, _, body), (_, _, doc)) = serve_and_get(daemon, [("/report", {}), ("/diagnosis", {})])
+    text = body.decode()
+    kv = next(c for c in json.loads(doc)["conditions"] if c["condition"] == "kv_cache_saturated")
+    assert kv["state"] == "inactive" and kv["raw"] is True
+    assert "kv_cache_saturated on m/0: KV cache is full and requests are queueing or being preempted (holds now; not active until" in text
+    assert "gpu_starved: missing source gpu is turned off (the sources setting)" in text

@@ -106,8 +106,10 @@ class Engine:
         window_seconds: float,
         max_num_seqs: int | None = None,
         conditions: tuple[Condition, ...] = CONDITIONS,
+        sources: tuple[str, ...] | None = None,
     ) -> None:
         self.conditions = tuple(c for c in conditions if settings[c.id].enabled)
+        self.sources = sources  # the sources the sidecar runs; None: all
         self.settings = settings
         self.window_seconds = window_seconds
         self.configured_max_num_seqs = max_num_seqs
@@ -213,6 +215,13 @@ class Engine:
         }
         return {scope: {**values, **gpus, **host} for scope, values in engines.items()}
 
+    def _why_missing(self, name: str, health: dict[str, SourceHealth]) -> str:
+        if self.sources is not None and name not in self.sources:
+            return f"source {name} is turned off (the sources setting)"
+        if name in health and health[name].up is False:
+            return f"source {name} is down: {health[name].last_error}"
+        return f"source {name} has no reading yet"
+
     def _judge(
         self,
         condition: Condition,
@@ -224,10 +233,7 @@ class Engine:
     ) -> _Outcome:
         down = [name for name in condition.sources if health.get(name) is None or not health[name].up]
         if down:
-            reasons = [
-                f"source {name} is down: {health[name].last_error}" if name in health and health[name].up is False else f"source {name} has no reading yet"
-                for name in down
-            ]
+            reasons = [self._why_missing(name, health) for name in down]
             return _Outcome(None, 0.0, missing=reasons)
         if condition.scope_kind == "global":
             judge = Judge(global_signals, settings.thresholds, "")
