@@ -80,8 +80,9 @@ def trace_files(paths: list[str]) -> list[Path]:
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The trace's events; gzip or plain JSON, either a `{"traceEvents": [...]}` object or a bare list."""
     try:
-        if path.stat().st_size > MAX_TRACE_BYTES:
-            raise TraceError(f"{path}: {path.stat().st_size} bytes is larger than this command reads ({MAX_TRACE_BYTES})")
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(f"{path}: {size} bytes is larger than this command reads ({MAX_TRACE_BYTES})")
         with path.open("rb") as handle:
             compressed = handle.read(2) == b"\x1f\x8b"
         opener = gzip.open if compressed else open

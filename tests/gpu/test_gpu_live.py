@@ -8,7 +8,6 @@ The same check runs in CI on the captures this test recorded on the H200 (tests/
 
 from __future__ import annotations
 
-import json
 import os
 import site
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.sources.gpu import GpuSource
 
-from .truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config
+from .truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config, write_phases
 
 pytestmark = pytest.mark.gpu
 PHASES = ("idle:15", "compute:30", "copy_d2d:30", "copy_h2d:30", "copy_h2d_only:30", "starved:30", "mixed:36", "idle:15")
@@ -50,7 +49,7 @@ def test_every_gpu_verdict_matches_the_workload(tmp_path):
     marks = subprocess.run([sys.executable, "-m", "tests.gpu.workloads", *PHASES], capture_output=True, text=True, env=env, cwd=REPO, check=True)
     recorder.wait(timeout=seconds + 60)
     phase_file = out / "gpu-h200-live.json"
-    phase_file.write_text(json.dumps([(line.split()[1], float(line.split()[-1])) for line in marks.stdout.splitlines() if line.startswith("phase ")]))
+    write_phases(marks.stdout, phase_file)
     problems = check(capture, read_phases(phase_file), replay_config(tmp_path))
     assert not problems, "\n".join(problems[:20])
 
@@ -89,7 +88,7 @@ def test_gpu_starved_names_the_engine_core_and_only_when_the_gpu_waits(tmp_path)
     marks, _ = loop.communicate(timeout=60)
     assert recorder.returncode == 0
     phase_file = out / "gpu-starved-h200.json"
-    phase_file.write_text(json.dumps([(line.split()[1], float(line.split()[-1])) for line in marks.splitlines() if line.startswith("phase ")]))
+    write_phases(marks, phase_file)
     ran = [name for name, _, _ in read_phases(phase_file)]
     assert ran == [p.split(":")[0] for p in SERVING_PHASES], (out / "serving-loop.log").read_text()[-2000:]
     problems = check(capture, read_phases(phase_file), replay_config(tmp_path, STARVED_REPLAY_CONFIG), STARVED_EXPECTED)

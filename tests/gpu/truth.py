@@ -39,13 +39,15 @@ def replay_config(tmp_path: Path, text: str = REPLAY_CONFIG) -> Config:
     return load(str(path), env={})
 
 
+def write_phases(workload_output: str, path: Path) -> None:
+    """Keep the workload's `phase NAME at T` lines as the JSON that read_phases reads (tests/data/*.json)."""
+    marks = [(line.split()[1], float(line.split()[-1])) for line in workload_output.splitlines() if line.startswith("phase ")]
+    path.write_text(json.dumps(marks))
+
+
 def read_phases(path: Path) -> list[tuple[str, float, float]]:
-    """(name, start, end) from the workload's `phase NAME at T` lines, or their JSON copy."""
-    text = path.read_text()
-    if path.suffix == ".json":
-        marks = json.loads(text)
-    else:
-        marks = [(line.split()[1], float(line.split()[-1])) for line in text.splitlines() if line.startswith("phase ")]
+    """(name, start, end) of each phase, from the marks write_phases kept."""
+    marks = json.loads(path.read_text())
     return [(name, start, end) for (name, start), (_, end) in itertools.pairwise(marks)]
 
 

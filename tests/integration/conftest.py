@@ -28,6 +28,16 @@ tick_seconds: 1
 gil_interval_seconds: 10
 gil_window_seconds: 3
 """
+# `for` / `clear_for` of seconds instead of minutes, so that a test sees verdicts come and go.
+FAST_CONDITIONS = """conditions:
+  vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
+  kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
+  queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
+  preemption_storm: {for_seconds: 3, clear_for_seconds: 5}
+  client_underload: {for_seconds: 5, clear_for_seconds: 5}
+  kv_fragmentation_suspected: {for_seconds: 3, clear_for_seconds: 5}
+  ttft_high: {for_seconds: 3, clear_for_seconds: 5}
+"""
 BIN = Path(sys.executable).parent
 
 

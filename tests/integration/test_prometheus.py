@@ -10,17 +10,11 @@ import time
 import pytest
 from vllm_triage.dashboards import DASHBOARDS, panel_queries
 
-from .conftest import FAST_CADENCE, REPO, start_load, start_prometheus, start_sidecar
+from .conftest import FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
 
 pytestmark = pytest.mark.integration
 
-SIDECAR_CONFIG = (
-    FAST_CADENCE
-    + """conditions:
-  kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
-  queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
-"""
-)
+SIDECAR_CONFIG = FAST_CADENCE + FAST_CONDITIONS
 GPU_CAPTURE = REPO / "tests" / "data" / "gpu-h200-live.jsonl.gz"
 VARIABLES = {"$namespace": ".*", "$pod": ".*", "$model": ".*", "$engine": ".*", "$__rate_interval": "20s"}
 

@@ -14,23 +14,11 @@ import time
 
 import pytest
 
-from .conftest import BIN, FAST_CADENCE, Sidecar, get, start_load, start_sidecar
+from .conftest import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get, start_load, start_sidecar
 
 pytestmark = pytest.mark.integration
 
-FAST = (
-    FAST_CADENCE
-    + """conditions:
-  vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
-  kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
-  queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
-  preemption_storm: {for_seconds: 3, clear_for_seconds: 5}
-  client_underload: {for_seconds: 5, clear_for_seconds: 5}
-  kv_fragmentation_suspected: {for_seconds: 3, clear_for_seconds: 5}
-  ttft_high: {for_seconds: 3, clear_for_seconds: 5}
-  prefix_cache_ineffective: {enabled: false}
-"""
-)
+FAST = FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
 
 TIMINGS: dict[str, float] = {}
 IDLE_CPU: dict[str, float] = {}

@@ -6,6 +6,7 @@ compose-spec/compose-spec's schema/compose-spec.json of October 2021, as npm's c
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -23,8 +24,9 @@ GPU = ("docker-compose.yml",)
 CPU = ("docker-compose.yml", "docker-compose.cpu.yml")
 
 
+@functools.cache
 def resolved(*files: str) -> dict:
-    """The merged, validated configuration as `docker-compose config` prints it."""
+    """The merged, validated configuration as `docker-compose config` prints it (once per set of files)."""
     if not shutil.which("docker-compose"):
         pytest.fail("docker-compose is not installed (make compose-tools)")
     command = ["docker-compose", "--project-directory", str(ROOT)]

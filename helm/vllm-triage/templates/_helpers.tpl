@@ -45,8 +45,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{- define "vllm-triage.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{/* repository:tag of the sidecar image; (dict "image" <values.image> "appVersion" <tag when image.tag is empty>). */}}
+{{- define "vllm-triage.imageRef" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .appVersion | required "set the vllm-triage image tag (values image.tag)") }}
 {{- end }}
 
 {{/* true when the sidecar runs as a native sidecar (initContainers, restartPolicy: Always). */}}

@@ -1,7 +1,8 @@
 {{/*
 The vllm-triage sidecar container, for this chart and for charts that add it to their own vLLM pods.
 Call it with a dict:
-  values    this chart's values shape (image, triage, profiler); missing keys take the defaults below
+  values    this chart's values (image, triage, profiler): `.Values` here, `index .Values "vllm-triage"` in a
+            parent chart (Helm merges this chart's defaults in)
   vllmUrl   the vLLM to watch, e.g. http://127.0.0.1:8000
   native    true to render it for initContainers (a native sidecar, Kubernetes >= 1.29)
   maxNumSeqs vLLM's --max-num-seqs, when the sidecar cannot read vLLM's command line (no profiler)
@@ -11,19 +12,19 @@ The pod also needs the volume from "vllm-triage.sidecarVolumes", and, with the p
 shareProcessNamespace: true.
 */}}
 {{- define "vllm-triage.sidecar" -}}
-{{- $v := .values | default dict }}
-{{- $image := $v.image | default dict }}
-{{- $triage := $v.triage | default dict }}
-{{- $gpu := $triage.gpu | default dict }}
-{{- $profiler := $v.profiler | default dict }}
-{{- $port := $triage.port | default 10290 }}
+{{- $v := .values }}
+{{- $image := $v.image }}
+{{- $triage := $v.triage }}
+{{- $gpu := $triage.gpu }}
+{{- $profiler := $v.profiler }}
+{{- $port := $triage.port }}
 {{- $sources := list "vllm" }}
 {{- if $profiler.enabled }}{{ $sources = append $sources "process" }}{{ end }}
-{{- if ne (toString $gpu.enabled) "false" }}{{ $sources = append $sources "gpu" }}{{ end }}
+{{- if $gpu.enabled }}{{ $sources = append $sources "gpu" }}{{ end }}
 {{- if $profiler.enabled }}{{ $sources = append $sources "gil" }}{{ end }}
 - name: vllm-triage
-  image: {{ printf "%s:%s" ($image.repository | default "ghcr.io/vllm-triage/vllm-triage") ($image.tag | default .appVersion | required "set the vllm-triage image tag (values image.tag)") | quote }}
-  imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
+  image: {{ include "vllm-triage.imageRef" (dict "image" $image "appVersion" .appVersion) | quote }}
+  imagePullPolicy: {{ $image.pullPolicy }}
   {{- if .native }}
   restartPolicy: Always
   {{- end }}
@@ -32,7 +33,7 @@ shareProcessNamespace: true.
     - --vllm-url={{ required "the vLLM URL to watch is required" .vllmUrl }}
     - --listen=0.0.0.0:{{ $port }}
     - --sources={{ join "," $sources }}
-    - --log-level={{ $triage.logLevel | default "info" }}
+    - --log-level={{ $triage.logLevel }}
     {{- with .maxNumSeqs }}
     - --max-num-seqs={{ . }}
     {{- end }}
@@ -43,9 +44,9 @@ shareProcessNamespace: true.
     - --gpus-file={{ . }}
     {{- end }}
     {{- if $profiler.enabled }}
-    - --gil-interval-seconds={{ $profiler.intervalSeconds | default 60 }}
-    - --gil-window-seconds={{ $profiler.windowSeconds | default 5 }}
-    - --gil-rate={{ $profiler.rate | default 20 }}
+    - --gil-interval-seconds={{ $profiler.intervalSeconds }}
+    - --gil-window-seconds={{ $profiler.windowSeconds }}
+    - --gil-rate={{ $profiler.rate }}
     {{- end }}
     {{- if $triage.config }}
     - --config=/etc/vllm-triage/config.yaml
@@ -78,7 +79,7 @@ shareProcessNamespace: true.
     periodSeconds: 10
     timeoutSeconds: 3
   resources:
-    {{- toYaml ($triage.resources | default (dict "requests" (dict "cpu" "50m" "memory" "96Mi") "limits" (dict "memory" "256Mi"))) | nindent 4 }}
+    {{- toYaml $triage.resources | nindent 4 }}
   securityContext:
     runAsNonRoot: true
     runAsUser: 10001
@@ -121,7 +122,7 @@ shareProcessNamespace: true.
     medium: Memory
     sizeLimit: 1Mi
 {{- end }}
-{{- if and .configMap (((.values | default dict).triage | default dict).config) }}
+{{- if and .configMap .values.triage.config }}
 - name: vllm-triage-config
   configMap:
     name: {{ .configMap }}
