@@ -74,7 +74,12 @@ def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     log = open(log_path, "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # In a pod the sidecar's own CPU request guarantees it a share; on a 2-core test machine vLLM's busy
+    # threads would starve everything else (a sleeping process woke up to 3 s late, and a sidecar /metrics
+    # request timed out after 15 s in CI). A lower priority in the same session (autogroup) stands in for
+    # that guarantee: the same sleeper then wakes within 1 ms. Own process group, so stop() reaches all.
+    command = ["nice", "-n", "10", *command]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
     server = VllmServer(process, port, log_path)
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
