@@ -80,6 +80,7 @@ generate: $(VENV)/.installed
 
 bench: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.sidecar_overhead
+	$(BIN)/python -m bench.many_engines
 	$(BIN)/python -m bench.detection_latency
 
 clean:

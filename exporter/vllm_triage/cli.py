@@ -27,6 +27,8 @@ SCRAPE_KEYS = (
     "scrape_timeout_seconds",
     "connect_timeout_seconds",
     "max_page_bytes",
+    "max_series",
+    "max_engines",
     "max_num_seqs",
     "sources",
     "process_title_prefix",

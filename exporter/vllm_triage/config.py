@@ -16,6 +16,7 @@ import yaml
 
 from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings, default_settings
+from .sources.vllm import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
 
 DEFAULT_PORT = 10290
 ENV_PREFIX = "VLLM_TRIAGE_"
@@ -153,6 +154,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("scrape_timeout_seconds", 5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S"),
     Option("connect_timeout_seconds", 2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S"),
     Option("max_page_bytes", 10 * 1024 * 1024, _number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES"),
+    Option("max_series", DEFAULT_MAX_SERIES, _number(100, integer=True), "Refuse /metrics pages with more vllm: series than this (~320 per engine).", "N"),
+    Option("max_engines", DEFAULT_MAX_ENGINES, _number(1, integer=True), "Refuse /metrics pages with more engine/model label combinations than this.", "N"),
     Option("tick_seconds", 2.0, _number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S"),
     Option("window_seconds", 60.0, _number(2.0), "Default window W for signals and conditions.", "S"),
     Option(

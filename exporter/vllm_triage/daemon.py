@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,7 +52,16 @@ def build_sources(config: Config, clock: Callable[[], float], latest_processes: 
 
     loops = []
     if VLLM_SOURCE in config.sources:
-        vllm = VllmSource(config.vllm_url, config.metrics_path, config.scrape_timeout_seconds, config.connect_timeout_seconds, config.max_page_bytes, clock)
+        vllm = VllmSource(
+            config.vllm_url,
+            config.metrics_path,
+            config.scrape_timeout_seconds,
+            config.connect_timeout_seconds,
+            config.max_page_bytes,
+            clock,
+            config.max_series,
+            config.max_engines,
+        )
         loops.append(SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, vllm.collect, vllm.close))
     if PROCESS_SOURCE in config.sources:
         processes = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
@@ -103,6 +113,10 @@ class Daemon:
         self.snapshot: Snapshot | None = None
         self.diagnosis_json = b""
         self._stop = asyncio.Event()
+        # The store, the engine and the exposition are touched by this one thread only: ingest and
+        # tick take it in turn, so no locks, and the event loop stays free to answer /metrics while a
+        # tick over many engines takes a second (the handlers read bytes prepared here).
+        self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
 
     # --- outlets (read by server.py) ---
     def metrics_body(self, openmetrics: bool) -> bytes:
@@ -151,7 +165,13 @@ class Daemon:
             except asyncio.TimeoutError:
                 pass
 
-    async def _tick_once(self) -> None:
+    async def _in_pipeline(self, work: Callable[[], object]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pipeline, work)
+
+    async def _ingest(self, reading: Reading) -> None:
+        await self._in_pipeline(partial(self.ingest, reading))
+
+    def _tick_if_fed(self) -> None:
         # Ready means "judged on something": wait for the first reading, ok or failed.
         if self.store.sources():
             self.tick()
@@ -175,7 +195,7 @@ class Daemon:
                         return
                     except asyncio.TimeoutError:
                         pass
-                self.ingest(reading.shifted(offset))
+                await self._ingest(reading.shifted(offset))
             await asyncio.sleep(gap)
 
     async def run(self) -> None:
@@ -201,14 +221,14 @@ class Daemon:
             loops = build_sources(config, self.clock, lambda: self.store.latest(PROCESS_SOURCE))
             for loop_ in loops:
                 if loop_.name == PROCESS_SOURCE:  # first: the GPU source maps vLLM's processes to GPUs
-                    self.ingest(await loop_.collect())
+                    await self._ingest(await loop_.collect())
             for loop_ in loops:
 
                 async def collect(loop_: SourceLoop = loop_) -> None:
-                    self.ingest(await loop_.collect())
+                    await self._ingest(await loop_.collect())
 
                 tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
-        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", self._tick_once)))
+        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", partial(self._in_pipeline, self._tick_if_fed))))
         try:
             await self._stop.wait()
         finally:
@@ -218,6 +238,7 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             for loop_ in loops:
                 await loop_.close()
+            self._pipeline.shutdown(wait=True)
             if self.recorder is not None:
                 self.recorder.close()
             await runner.cleanup()

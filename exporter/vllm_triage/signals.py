@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .model import Labels
-from .store import Frame, Store, in_scope
+from .store import Frame, Store
 
 
 def _label(labels: Labels, key: str) -> str | None:
@@ -93,7 +93,7 @@ class WindowView:
         if cached is None:
             points: list[float] = []
             for frame in self.frames:
-                values = [s.value for s in frame.by_name.get(name, ()) if in_scope(s.scope, scope)]
+                values = [s.value for s in frame.series(name, scope)]
                 if values:
                     points.append(combine(values))
             self._cache[key] = cached = points
@@ -107,8 +107,8 @@ class WindowView:
             return self._cache[key]  # type: ignore[return-value]
         per_series: dict[Labels, list[tuple[float, float]]] = {}
         for frame in self.frames:
-            for s in frame.by_name.get(name, ()):
-                if in_scope(s.scope, scope) and (where is None or where(s.labels)):
+            for s in frame.series(name, scope):
+                if where is None or where(s.labels):
                     per_series.setdefault(s.labels, []).append((frame.timestamp, s.value))
         result: float | None
         if len(self.frames) < 2 or not per_series:
@@ -133,8 +133,8 @@ class WindowView:
             per_bucket: dict[Labels, list[tuple[float, float]]] = {}
             bound_of: dict[Labels, float] = {}
             for frame in self.frames:
-                for s in frame.by_name.get(name + "_bucket", ()):
-                    if s.le is not None and in_scope(s.scope, scope):
+                for s in frame.series(name + "_bucket", scope):
+                    if s.le is not None:
                         per_bucket.setdefault(s.labels, []).append((frame.timestamp, s.value))
                         bound_of[s.labels] = s.le
             if per_bucket:
@@ -153,9 +153,8 @@ class WindowView:
     def latest_labels(self, name: str, scope: str) -> dict[str, str] | None:
         """Labels of an info-style gauge (e.g. cache_config_info) in the newest frame that has it."""
         for frame in reversed(self.frames):
-            for s in frame.by_name.get(name, ()):
-                if in_scope(s.scope, scope):
-                    return dict(s.labels)
+            for s in frame.series(name, scope):
+                return dict(s.labels)
         return None
 
 
@@ -456,7 +455,7 @@ def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = Non
     for frame in ctx.view.frames:
         row = {}
         for name in names:
-            values = [s.value for s in frame.by_name.get(name, ()) if in_scope(s.scope, ctx.scope) and (reason is None or _label(s.labels, "reason") == reason)]
+            values = [s.value for s in frame.series(name, ctx.scope) if reason is None or _label(s.labels, "reason") == reason]
             if not values:
                 break
             row[name] = _mean(values)

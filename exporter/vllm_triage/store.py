@@ -9,12 +9,14 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .model import Labels, Reading, SourceHealth
 
 AGGREGATE_SCOPE = "all"
 
 
+@lru_cache(maxsize=65536)  # labels are shared tuples (make_labels): one scope string per label set
 def scope_of(labels: Labels) -> str:
     """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0"),
     or `gpu:<index>` for a GPU series.
@@ -33,13 +35,12 @@ def scope_of(labels: Labels) -> str:
     return f"{model}/{engine}"
 
 
-def in_scope(series_scope: str, scope: str) -> bool:
-    if scope == AGGREGATE_SCOPE or series_scope == scope:
-        return True
-    return series_scope.startswith("/") and scope.endswith(series_scope)
+def shared_scopes(scope: str) -> list[str]:
+    """The `/engine` scopes whose series also belong to `scope` (its suffixes that start with "/")."""
+    return [scope[i:] for i, char in enumerate(scope) if char == "/" and i > 0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Series:
     scope: str
     labels: Labels
@@ -49,19 +50,34 @@ class Series:
 
 @dataclass(frozen=True)
 class Frame:
-    """One ok Reading, its samples grouped by metric name."""
+    """One ok Reading, its samples grouped by metric name, and by scope then name."""
 
     timestamp: float
     by_name: dict[str, tuple[Series, ...]]
+    by_scope: dict[str, dict[str, tuple[Series, ...]]]
     meta: dict[str, object]
 
     @classmethod
     def from_reading(cls, reading: Reading) -> Frame:
         grouped: dict[str, list[Series]] = {}
+        scoped: dict[str, dict[str, list[Series]]] = {}
         for (name, labels), value in reading.samples.items():
             le = next((float(v) for k, v in labels if k == "le"), None) if name.endswith("_bucket") else None
-            grouped.setdefault(name, []).append(Series(scope_of(labels), labels, value, le))
-        return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, reading.meta)
+            series = Series(scope_of(labels), labels, value, le)
+            grouped.setdefault(name, []).append(series)
+            scoped.setdefault(series.scope, {}).setdefault(name, []).append(series)
+        by_scope = {scope: {k: tuple(v) for k, v in names.items()} for scope, names in scoped.items()}
+        return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, by_scope, reading.meta)
+
+    def series(self, name: str, scope: str) -> tuple[Series, ...]:
+        """The series of `name` that belong to `scope`: all of them for the aggregate, else the scope's
+        own plus its engine's shared ones. An index lookup, so judging many engines stays linear."""
+        if scope == AGGREGATE_SCOPE:
+            return self.by_name.get(name, ())
+        found = self.by_scope.get(scope, {}).get(name, ())
+        for shared in shared_scopes(scope):
+            found += self.by_scope.get(shared, {}).get(name, ())
+        return found
 
 
 class _SourceState:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import signal
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -194,3 +198,50 @@ def test_report_marks_what_holds_but_is_not_yet_active_and_names_sources_turned_
     assert kv["state"] == "inactive" and kv["raw"] is True
     assert "kv_cache_saturated on m/0: KV cache is full and requests are queueing or being preempted (holds now; not active until" in text
     assert "gpu_starved: missing source gpu is turned off (the sources setting)" in text
+
+
+def test_a_vllm_page_with_an_exploding_label_is_refused_while_the_sidecar_keeps_answering(tmp_path):
+    """10 MiB of `vllm:` series with a label that changes per series (160k engine/model combinations).
+    Before the series limit, the sidecar judged every one of them on its event loop: /metrics never
+    answered again and SIGTERM went unheard."""
+    exploding = "".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(160_000))
+    vllm_port, sidecar_port = free_port(), free_port()
+    vllm = subprocess.Popen([sys.executable, "-m", "http.server", str(vllm_port), "--bind", "127.0.0.1", "--directory", str(tmp_path)])
+    (tmp_path / "metrics").write_text(exploding)
+    log = open(tmp_path / "sidecar.log", "wb")
+    sidecar = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "vllm-triage"),
+            "serve",
+            "--sources",
+            "vllm",
+            "--vllm-url",
+            f"http://127.0.0.1:{vllm_port}",
+            "--listen",
+            f"127.0.0.1:{sidecar_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        errors: dict[str, float] = {}
+        while time.monotonic() < deadline and errors.get("too_many_series", 0) < 3:
+            time.sleep(1)
+            try:  # a scraper's patience: Prometheus' default scrape timeout
+                with urllib.request.urlopen(f"http://127.0.0.1:{sidecar_port}/metrics", timeout=10) as response:
+                    got = families(response.read().decode())
+            except OSError:
+                continue
+            errors = {s.labels["reason"]: s.value for s in got["vllm_triage_source_errors"].samples} if "vllm_triage_source_errors" in got else {}
+        assert errors.get("too_many_series", 0) >= 3, (tmp_path / "sidecar.log").read_text()
+        assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples}["vllm"] == 0.0
+        with urllib.request.urlopen(f"http://127.0.0.1:{sidecar_port}/diagnosis", timeout=10) as response:
+            health = json.load(response)["sources"]["vllm"]
+        assert "160000 vllm: series, over the 15000 limit (max_series)" in health["last_error"]
+        sidecar.send_signal(signal.SIGTERM)
+        assert sidecar.wait(timeout=15) == 0
+    finally:
+        for process in (sidecar, vllm):
+            process.kill()
+            process.wait()

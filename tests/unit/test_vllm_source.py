@@ -4,6 +4,7 @@ with a bounded reason, never an exception, and recovery is seen on the next scra
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -86,6 +87,39 @@ def test_a_page_over_the_cap_is_refused():
     (reading,) = scrape(handler, max_bytes=64 * 1024)
     assert not reading.ok and reading.error_reason == "too_large"
     assert "max_page_bytes" in (reading.error or "")
+
+
+def test_a_page_with_an_exploding_label_is_refused_naming_the_limit():
+    exploding = GOOD + "".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(20000))
+
+    async def handler(_):
+        return web.Response(text=exploding)
+
+    (reading,) = scrape(handler)
+    assert not reading.ok and reading.error_reason == "too_many_series"
+    counted = re.search(r"the page has (\d+) vllm: series, over the 15000 limit \(max_series\)", reading.error or "")
+    assert counted and 20000 < int(counted[1]) < 20100, reading.error
+
+
+def test_more_engines_than_the_limit_are_refused_and_up_to_it_judged():
+    def engines(n: int) -> str:
+        return "".join(page(2, 0, 0.3, Counters(), engine=str(e)).replace("# TYPE", "# IGNORED") for e in range(n))
+
+    async def handler(request):
+        return web.Response(text=engines(int(request.query["n"])))
+
+    async def body(url: str):
+        out = []
+        for n in (32, 33):
+            source = VllmSource(url, f"/metrics?n={n}", 5.0, 1.0, 10 << 20)
+            out.append(await source.collect())
+            await source.close()
+        return out
+
+    judged, refused = asyncio.run(_with_server(handler, body))
+    assert judged.ok and len({labels for name, labels in judged.samples if name == "vllm:num_requests_running"}) == 32
+    assert not refused.ok and refused.error_reason == "too_many_engines"
+    assert "33 engine/model label combinations" in (refused.error or "") and "max_engines" in (refused.error or "")
 
 
 def test_a_streamed_page_over_the_cap_is_refused_without_reading_it_all():

@@ -18,6 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import VLLM_SOURCE, Reading, SeriesKey, make_labels
+from ..store import scope_of
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +56,42 @@ def _canonical(name: str) -> tuple[str, bool]:
     return name, False
 
 
-def vllm_lines(text: str) -> str:
-    """Only vLLM's families, without `_created` samples: halves the parser's work on a real page."""
+# A real vLLM 0.32.0 page has ~320 `vllm:` series per engine; wide expert-parallel deployments run
+# 64-128 data-parallel engines behind one API server. Past these limits a label is exploding
+# (or this is not a plain vLLM): judging every engine would cost seconds per tick and export an
+# unbounded number of series, so the page is refused, as Prometheus refuses a scrape over sample_limit.
+DEFAULT_MAX_SERIES = 15_000
+DEFAULT_MAX_ENGINES = 32
+
+
+def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES) -> str:
+    """Only vLLM's families, without `_created` samples: halves the parser's work on a real page.
+    Counting here is cheap (0.15 s for 10 MiB), so an oversized page is refused before the parser runs."""
     kept = []
+    series = 0
     for line in text.splitlines():
         if line.startswith("vllm:"):
             name = line.split("{", 1)[0].split(" ", 1)[0]
             if not name.endswith("_created"):
                 kept.append(line)
+                series += 1
         elif line.startswith(("# HELP vllm:", "# TYPE vllm:")):
             kept.append(line)
+    if series > max_series:
+        raise ScrapeError("too_many_series", f"the page has {series} vllm: series, over the {max_series} limit (max_series): is a label exploding?")
     return "\n".join(kept) + "\n"
 
 
-def parse_page(text: str) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
+def parse_page(text: str, max_series: int = DEFAULT_MAX_SERIES, max_engines: int = DEFAULT_MAX_ENGINES) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
     """Parse an exposition page into normalised vLLM samples plus facts about the page.
 
-    Raises ScrapeError for a page that is not exposition text or has no vLLM metrics. When both an
-    old and a new name are present (deprecation windows), the new name wins.
+    Raises ScrapeError for a page that is not exposition text, has no vLLM metrics, or is over the
+    series or engine limits. When both an old and a new name are present (deprecation windows), the
+    new name wins.
     """
+    lines = vllm_lines(text, max_series)
     try:
-        families = list(text_string_to_metric_families(vllm_lines(text)))
+        families = list(text_string_to_metric_families(lines))
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
         raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
     samples: dict[SeriesKey, float] = {}
@@ -103,6 +119,13 @@ def parse_page(text: str) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
     present = {name for name, _ in samples}
     if not any(name in present for name in CORE_FAMILIES):
         raise ScrapeError("no_vllm_metrics", "the page has no vllm:num_requests_* series: is this vLLM's /metrics?")
+    engines = {scope for _, labels in samples if not (scope := scope_of(labels)).startswith("/")}
+    if len(engines) > max_engines:
+        example = ", ".join(sorted(engines)[:3])
+        raise ScrapeError(
+            "too_many_engines",
+            f"the page has {len(engines)} engine/model label combinations (e.g. {example}), over the {max_engines} limit (max_engines)",
+        )
     facts: dict[str, Any] = {"series": len(samples)}
     if used_old_names:
         facts["old_names"] = sorted(used_old_names)
@@ -124,11 +147,15 @@ class VllmSource:
         connect_timeout_seconds: float,
         max_page_bytes: int,
         clock: Callable[[], float] = time.time,
+        max_series: int = DEFAULT_MAX_SERIES,
+        max_engines: int = DEFAULT_MAX_ENGINES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.metrics_url = self.base_url + metrics_path
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds, connect=connect_timeout_seconds)
         self.max_page_bytes = max_page_bytes
+        self.max_series = max_series
+        self.max_engines = max_engines
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._version: str | None = None
@@ -177,7 +204,8 @@ class VllmSource:
         try:
             body = await self._get(self.metrics_url, self.max_page_bytes)
             text = body.decode("utf-8", errors="replace")
-            samples, facts = parse_page(text)
+            # In a worker thread: a large page takes the parser seconds, and /metrics must keep answering.
+            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines)
             if self._version is None:
                 await self._fetch_version()
             if self._version:
