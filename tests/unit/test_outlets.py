@@ -237,8 +237,11 @@ def test_a_vllm_page_with_an_exploding_label_is_refused_while_the_sidecar_keeps_
         assert errors.get("too_many_series", 0) >= 3, (tmp_path / "sidecar.log").read_text()
         assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples}["vllm"] == 0.0
         with urllib.request.urlopen(f"http://127.0.0.1:{sidecar_port}/diagnosis", timeout=10) as response:
-            health = json.load(response)["sources"]["vllm"]
-        assert "160000 vllm: series, over the 15000 limit (max_series)" in health["last_error"]
+            diagnosis = json.load(response)
+        assert "160000 vllm: series, over the 15000 limit (max_series)" in diagnosis["sources"]["vllm"]["last_error"]
+        unreachable = next(c for c in diagnosis["conditions"] if c["condition"] == "vllm_unreachable")
+        assert any(e["text"].startswith("last error (too_many_series): the page has 160000") for e in unreachable["evidence"])
+        assert any("max_series" in action for action in unreachable["next_actions"])
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(timeout=15) == 0
     finally:

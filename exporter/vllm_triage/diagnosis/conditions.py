@@ -289,10 +289,15 @@ CONDITIONS: tuple[Condition, ...] = (
         layer="1",
         severity="critical",
         summary="vLLM's /metrics endpoint is failing",
-        meaning="The sidecar cannot read vLLM's metrics: the server is down, restarting, hung or unreachable.",
+        meaning=(
+            "The sidecar cannot read vLLM's metrics: the server is down, restarting, hung or unreachable, "
+            "or its page is over the sidecar's limits (the evidence gives the last error)."
+        ),
         next_actions=(
             "Is the server up? Check the pod's restarts and the vLLM container's logs.",
             "Look for OOM kills (kubectl describe pod; dmesg) and CUDA errors in the log.",
+            "Last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
+            "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
         ),
         predicate=_vllm_unreachable,
         thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes before the predicate holds"),),
