@@ -102,8 +102,8 @@ def _instant(config: Config, window_seconds: float) -> Config:
     return Config({**config.values, "window_seconds": window_seconds}, conditions)
 
 
-def _judge_once(config: Config, readings: list[Reading], now: float) -> Snapshot:
-    engine, store = build_engine(config)
+def _judge_once(config: Config, readings: list[Reading], now: float, captured: bool) -> Snapshot:
+    engine, store = build_engine(config, readings if captured else None)
     for reading in readings:
         if reading.timestamp <= now:
             store.add(reading)
@@ -154,7 +154,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         readings = asyncio.run(observe(config, args.seconds))
         now = readings[-1].timestamp
         target = config.vllm_url
-    snapshot = _judge_once(_instant(config, args.seconds), readings, now)
+    snapshot = _judge_once(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
     if args.json:
         print(json.dumps(snapshot.to_json(), indent=1))
     else:

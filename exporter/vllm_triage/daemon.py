@@ -96,8 +96,13 @@ def vllm_pids_of(reading: Reading | None) -> list[int]:
     return [int(p["pid"]) for p in reading.meta.get("processes", [])] if reading is not None else []
 
 
-def build_engine(config: Config) -> tuple[Engine, Store]:
-    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=tuple(config.sources))
+def build_engine(config: Config, captured: list[Reading] | None = None) -> tuple[Engine, Store]:
+    """The engine and store for live readings, or for a capture's (whose sources are the ones it holds)."""
+    if captured is None:
+        sources, absent = tuple(config.sources), "turned off (the sources setting)"
+    else:
+        sources, absent = tuple(sorted({r.source for r in captured})), "not in the capture"
+    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent)
     # Keep a little more than the longest window so edge frames are always present.
     store = Store(horizon_seconds=engine.horizon_seconds + 4 * config.scrape_interval_seconds)
     return engine, store
@@ -176,9 +181,8 @@ class Daemon:
         if self.store.sources():
             self.tick()
 
-    async def _demo_loop(self, path: Path) -> None:
+    async def _demo_loop(self, path: Path, readings: list[Reading]) -> None:
         """Replay a capture at real speed onto the wall clock, looping forever."""
-        readings = list(read_readings(path))
         if not readings:
             log.error("demo capture %s has no readings", path)
             return
@@ -216,7 +220,9 @@ class Daemon:
         loops: list[SourceLoop] = []
         if config.demo:
             path = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
-            tasks.append(asyncio.create_task(self._demo_loop(path)))
+            readings = list(read_readings(path))
+            self.engine, self.store = build_engine(config, readings)  # before any tick: nothing else holds them yet
+            tasks.append(asyncio.create_task(self._demo_loop(path, readings)))
         else:
             loops = build_sources(config, self.clock, lambda: self.store.latest(PROCESS_SOURCE))
             for loop_ in loops:
@@ -248,7 +254,7 @@ def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot]
     """Run the pipeline over recorded readings on a virtual clock, one evaluation per tick."""
     if not readings:
         return None
-    engine, store = build_engine(config)
+    engine, store = build_engine(config, readings)
     now = readings[0].timestamp
     end = readings[-1].timestamp
     index = 0

@@ -248,3 +248,29 @@ def test_a_vllm_page_with_an_exploding_label_is_refused_while_the_sidecar_keeps_
         for process in (sidecar, vllm):
             process.kill()
             process.wait()
+
+
+def test_serve_demo_judges_the_bundled_capture_and_says_what_it_lacks():
+    """What `make run` starts: the bundled capture replayed at real speed behind the real endpoints."""
+    port = free_port()
+    demo = subprocess.Popen(
+        [str(Path(sys.executable).parent / "vllm-triage"), "serve", "--demo", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        report = ""
+        while time.monotonic() < deadline and "source vllm: up" not in report:
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/report", timeout=10) as response:
+                    report = response.read().decode()
+            except OSError:
+                continue
+        assert report.startswith("vllm-triage diagnosis of the bundled demo capture"), report
+        assert "source vllm: up" in report and "source process: up" in report
+        assert "gpu_starved: missing source gpu is not in the capture" in report
+    finally:
+        demo.terminate()
+        assert demo.wait(timeout=15) == 0

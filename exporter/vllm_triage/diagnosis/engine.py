@@ -107,9 +107,11 @@ class Engine:
         max_num_seqs: int | None = None,
         conditions: tuple[Condition, ...] = CONDITIONS,
         sources: tuple[str, ...] | None = None,
+        absent_reason: str = "turned off (the sources setting)",
     ) -> None:
         self.conditions = tuple(c for c in conditions if settings[c.id].enabled)
-        self.sources = sources  # the sources the sidecar runs; None: all
+        self.sources = sources  # the sources the sidecar runs (or a capture holds); None: all
+        self.absent_reason = absent_reason
         self.settings = settings
         self.window_seconds = window_seconds
         self.configured_max_num_seqs = max_num_seqs
@@ -217,7 +219,7 @@ class Engine:
 
     def _why_missing(self, name: str, health: dict[str, SourceHealth]) -> str:
         if self.sources is not None and name not in self.sources:
-            return f"source {name} is turned off (the sources setting)"
+            return f"source {name} is {self.absent_reason}"
         if name in health and health[name].up is False:
             return f"source {name} is down: {health[name].last_error}"
         return f"source {name} has no reading yet"
