@@ -4,7 +4,7 @@
     make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60]
 
 The sidecar runs at its default cadence (scrape and evaluate every 2 s) while 8 clients keep vLLM
-busy. Scrapers run in this process on the same machine, so latency includes their client cost;
+busy, scraped every 15 s as Prometheus would while its CPU is measured. Scrapers run in this process on the same machine, so latency includes their client cost;
 it is measured with vLLM busy (all cores contended on a small machine) and again once it is idle.
 """
 
@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -50,6 +51,7 @@ async def scrape_latencies(url: str, scrapers: int, requests_each: int) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0, help="CPU measurement window")
+    parser.add_argument("--scrape-interval", type=float, default=15.0, help="a Prometheus scrape this often during the CPU window")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = vllm_server.start(Path(tmp) / "vllm.log")
@@ -59,7 +61,7 @@ def main() -> None:
             process = psutil.Process(sidecar.process.pid)
             time.sleep(10)  # a few windows' worth of state
             cpu_before, wall_before = process.cpu_times(), time.monotonic()
-            time.sleep(args.seconds)
+            scrapes = prometheus_like_scrapes(sidecar.url + "/metrics", args.seconds, args.scrape_interval)
             cpu_after, wall_after = process.cpu_times(), time.monotonic()
             cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (wall_after - wall_before)
             rss = process.memory_info().rss
@@ -79,10 +81,27 @@ def main() -> None:
             server.stop()
     cores = psutil.cpu_count()
     print(f"machine: {platform.machine()}, {cores} cores, {platform.processor() or 'cpu'}; python {platform.python_version()}")
-    print(f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every 2 s, vLLM under 8 clients): {cpu * 100:.2f} % of one core")
+    print(
+        f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every 2 s, vLLM under 8 clients, scraped every "
+        f"{args.scrape_interval:g} s as Prometheus would: {len(scrapes)} scrapes, slowest {max(scrapes) * 1000:.2f} ms): {cpu * 100:.2f} % of one core"
+    )
     print(f"sidecar RSS: {rss / 1e6:.1f} MB; /metrics body {size} bytes")
     for name, values in latencies.items():
         print(f"/metrics latency, {name} ({len(values)} requests): p50 {statistics.median(values) * 1000:.2f} ms, p99 {percentile(values, 0.99) * 1000:.2f} ms")
+
+
+def prometheus_like_scrapes(url: str, seconds: float, interval: float) -> list[float]:
+    """Scrape as Prometheus does (OpenMetrics preferred, gzip) every `interval` for `seconds`; latencies."""
+    headers = {"Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3", "Accept-Encoding": "gzip"}
+    latencies = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            response.read()
+        latencies.append(time.perf_counter() - started)
+        time.sleep(max(0.0, min(interval, end - time.monotonic())))
+    return latencies
 
 
 async def fetch(url: str) -> bytes:

@@ -124,8 +124,11 @@ class Daemon:
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
 
     # --- outlets (read by server.py) ---
-    def metrics_body(self, openmetrics: bool) -> bytes:
-        return self.exposition.openmetrics if openmetrics else self.exposition.text
+    async def metrics_body(self, openmetrics: bool) -> bytes:
+        body = self.exposition.rendered(openmetrics)
+        if body is None:  # the first scrape in this format renders it, on the pipeline thread; ticks do from then on
+            body = await asyncio.get_running_loop().run_in_executor(self._pipeline, self.exposition.render, openmetrics)
+        return body
 
     @property
     def target(self) -> str:
@@ -244,10 +247,10 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             for loop_ in loops:
                 await loop_.close()
+            await runner.cleanup()  # before the pipeline goes: a scrape in flight may still render on it
             self._pipeline.shutdown(wait=True)
             if self.recorder is not None:
                 self.recorder.close()
-            await runner.cleanup()
 
 
 def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None]) -> Snapshot | None:

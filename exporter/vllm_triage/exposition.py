@@ -1,4 +1,4 @@
-"""Snapshot -> Prometheus exposition, rendered once per snapshot (scrapes serve cached bytes)."""
+"""Snapshot -> Prometheus exposition, rendered once per snapshot in the formats scrapers ask for."""
 
 from __future__ import annotations
 
@@ -190,7 +190,9 @@ class SnapshotCollector(Collector):
 
 
 class Exposition:
-    """Owns the registry; `update()` renders both formats once per snapshot."""
+    """Owns the registry. A format is rendered once per snapshot, and only once a scraper has asked for
+    it: Prometheus asks for one format, and rendering both on every tick was a quarter of the sidecar's
+    CPU. From the first request on, that format is rendered by update(), so scrapes read ready bytes."""
 
     def __init__(self, settings: dict[str, ConditionSettings]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -198,11 +200,25 @@ class Exposition:
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)  # the sidecar's own process_* (vLLM's are vllm_triage_process_*)
         PlatformCollector(registry=self.registry)
-        self.text = b""
-        self.openmetrics = b""
-        self.update(None)
+        self._bodies: dict[bool, bytes] = {}
+        self._asked_for: set[bool] = set()
 
     def update(self, snapshot: Snapshot | None) -> None:
         self.collector.snapshot = snapshot
-        self.text = generate_latest(self.registry)
-        self.openmetrics = generate_openmetrics(self.registry)  # type: ignore[no-untyped-call]
+        # A new dict, so a reader on another thread sees the old bodies or the new ones, never a mix.
+        self._bodies = {openmetrics: self._generate(openmetrics) for openmetrics in self._asked_for}
+
+    def rendered(self, openmetrics: bool) -> bytes | None:
+        """The current snapshot's body if already rendered (safe from any thread)."""
+        return self._bodies.get(openmetrics)
+
+    def render(self, openmetrics: bool) -> bytes:
+        """Render the current snapshot on the thread that calls update(), and keep this format rendered."""
+        self._asked_for.add(openmetrics)
+        bodies = self._bodies
+        if openmetrics not in bodies:
+            bodies[openmetrics] = self._generate(openmetrics)
+        return bodies[openmetrics]
+
+    def _generate(self, openmetrics: bool) -> bytes:
+        return generate_openmetrics(self.registry) if openmetrics else generate_latest(self.registry)  # type: ignore[no-untyped-call]

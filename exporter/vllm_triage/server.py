@@ -1,5 +1,5 @@
-"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis, /report. Handlers only read prepared bytes
-(the text report is rendered at most once per snapshot, on first request)."""
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis, /report. Handlers read bytes prepared once
+per snapshot (the text report, and a /metrics format nobody asked for before, on first request)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Outlets(Protocol):
     @property
     def target(self) -> str: ...
 
-    def metrics_body(self, openmetrics: bool) -> bytes: ...
+    async def metrics_body(self, openmetrics: bool) -> bytes: ...
 
 
 class _Gzipped:
@@ -48,7 +48,7 @@ def make_app(outlets: Outlets) -> web.Application:
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
-        body = outlets.metrics_body(openmetrics)
+        body = await outlets.metrics_body(openmetrics)
         headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
         if "gzip" in request.headers.get("Accept-Encoding", ""):
             headers["Content-Encoding"] = "gzip"

@@ -176,7 +176,7 @@ def test_exposition_of_every_layer_passes_promtool_check_metrics(capture):
         clock["t"] = r.timestamp
         daemon.ingest(r)
         daemon.tick()
-    text = daemon.exposition.text.decode()
+    text = daemon.exposition.render(openmetrics=False).decode()
     assert "vllm_triage_condition_active" in text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result.stdout + result.stderr
@@ -274,3 +274,13 @@ def test_serve_demo_judges_the_bundled_capture_and_says_what_it_lacks():
     finally:
         demo.terminate()
         assert demo.wait(timeout=15) == 0
+
+
+def test_a_format_is_rendered_once_asked_for_and_then_on_every_tick():
+    daemon = saturated_daemon()
+    assert daemon.exposition.rendered(openmetrics=True) is None  # nobody asked: ticks render nothing
+    ((_, _, first), (_, _, second)) = serve_and_get(daemon, [("/metrics", {})] * 2)
+    assert first == second
+    assert daemon.exposition.rendered(openmetrics=True) is None
+    daemon.tick()
+    assert daemon.exposition.rendered(openmetrics=False) is not None  # asked for once: ready on every tick
