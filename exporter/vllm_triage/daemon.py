@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -207,6 +208,9 @@ class Daemon:
 
     async def run(self) -> None:
         config = self.config
+        # A scrape arriving while the pipeline thread computes waits for the GIL: hand it over after
+        # 1 ms instead of the default 5 ms.
+        sys.setswitchinterval(0.001)
         app = make_app(self)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
