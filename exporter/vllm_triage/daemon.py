@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -29,6 +30,7 @@ from .sources.vllm import VllmSource
 from .store import Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,12 +46,13 @@ class SourceLoop:
 def build_sources(config: Config, clock: Callable[[], float], latest_processes: Callable[[], Reading | None]) -> list[SourceLoop]:
     """The configured sources; blocking ones (psutil, NVML) run in worker threads, py-spy as a subprocess."""
 
-    def vllm_pids() -> list[int]:
-        return vllm_pids_of(latest_processes())
-
     def vllm_pids_by_role() -> list[tuple[str, int]]:
+        """vLLM's processes in the latest process Reading (the GPU source maps them to GPUs)."""
         reading = latest_processes()
         return [(str(p["role"]), int(p["pid"])) for p in reading.meta.get("processes", [])] if reading is not None else []
+
+    def vllm_pids() -> list[int]:
+        return [pid for _, pid in vllm_pids_by_role()]
 
     loops = []
     if VLLM_SOURCE in config.sources:
@@ -92,11 +95,6 @@ def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
     return chosen
 
 
-def vllm_pids_of(reading: Reading | None) -> list[int]:
-    """PIDs of vLLM's processes from the latest process Reading (the GPU source maps them to GPUs)."""
-    return [int(p["pid"]) for p in reading.meta.get("processes", [])] if reading is not None else []
-
-
 def build_engine(config: Config, captured: list[Reading] | None = None) -> tuple[Engine, Store]:
     """The engine and store for live readings, or for a capture's (whose sources are the ones it holds)."""
     if captured is None:
@@ -113,7 +111,12 @@ class Daemon:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time, recorder: CaptureWriter | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.engine, self.store = build_engine(config)
+        self.demo_capture: Path | None = None
+        self.demo_readings: list[Reading] = []
+        if config.demo:  # judged as a capture: its sources are the ones it holds
+            self.demo_capture = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
+            self.demo_readings = list(read_readings(self.demo_capture))
+        self.engine, self.store = build_engine(config, self.demo_readings if config.demo else None)
         self.exposition = Exposition(config.conditions)
         self.recorder = recorder
         self.snapshot: Snapshot | None = None
@@ -128,7 +131,7 @@ class Daemon:
     async def metrics_body(self, openmetrics: bool) -> bytes:
         body = self.exposition.rendered(openmetrics)
         if body is None:  # the first scrape in this format renders it, on the pipeline thread; ticks do from then on
-            body = await asyncio.get_running_loop().run_in_executor(self._pipeline, self.exposition.render, openmetrics)
+            body = await self._in_pipeline(partial(self.exposition.render, openmetrics))
         return body
 
     @property
@@ -174,8 +177,8 @@ class Daemon:
             except asyncio.TimeoutError:
                 pass
 
-    async def _in_pipeline(self, work: Callable[[], object]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pipeline, work)
+    async def _in_pipeline(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pipeline, work)
 
     async def _ingest(self, reading: Reading) -> None:
         await self._in_pipeline(partial(self.ingest, reading))
@@ -185,14 +188,15 @@ class Daemon:
         if self.store.sources():
             self.tick()
 
-    async def _demo_loop(self, path: Path, readings: list[Reading]) -> None:
+    async def _demo_loop(self) -> None:
         """Replay a capture at real speed onto the wall clock, looping forever."""
+        readings = self.demo_readings
         if not readings:
-            log.error("demo capture %s has no readings", path)
+            log.error("demo capture %s has no readings", self.demo_capture)
             return
         first, last = readings[0].timestamp, readings[-1].timestamp
         gap = self.config.scrape_interval_seconds
-        log.info("demo: replaying %s (%d readings, %.0f s) in a loop", path, len(readings), last - first)
+        log.info("demo: replaying %s (%d readings, %.0f s) in a loop", self.demo_capture, len(readings), last - first)
         while not self._stop.is_set():
             offset = self.clock() - first
             for reading in readings:
@@ -226,10 +230,7 @@ class Daemon:
         tasks: list[asyncio.Task[None]] = []
         loops: list[SourceLoop] = []
         if config.demo:
-            path = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
-            readings = list(read_readings(path))
-            self.engine, self.store = build_engine(config, readings)  # before any tick: nothing else holds them yet
-            tasks.append(asyncio.create_task(self._demo_loop(path, readings)))
+            tasks.append(asyncio.create_task(self._demo_loop()))
         else:
             loops = build_sources(config, self.clock, lambda: self.store.latest(PROCESS_SOURCE))
             for loop_ in loops:

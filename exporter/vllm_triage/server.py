@@ -6,7 +6,9 @@ from __future__ import annotations
 import gzip
 import html
 import json
-from typing import Protocol
+from collections.abc import Callable
+from functools import partial
+from typing import Generic, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -15,6 +17,7 @@ from .report import format_report
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+T = TypeVar("T")
 
 
 class Outlets(Protocol):
@@ -29,22 +32,24 @@ class Outlets(Protocol):
     async def metrics_body(self, openmetrics: bool) -> bytes: ...
 
 
-class _Gzipped:
-    """gzip of the current body, computed at most once per body (Prometheus asks for gzip)."""
+class _LastResult(Generic[T]):
+    """`compute(key)` for the latest key, by identity: bodies and snapshots change once per tick,
+    requests come as often as scrapers like (gzip for Prometheus, the text report)."""
 
-    def __init__(self) -> None:
-        self._source: bytes | None = None
-        self._compressed = b""
+    def __init__(self, compute: Callable[[T], bytes]) -> None:
+        self._compute = compute
+        self._key: T | None = None
+        self._result = b""
 
-    def __call__(self, body: bytes) -> bytes:
-        if body is not self._source:
-            self._source = body
-            self._compressed = gzip.compress(body, compresslevel=1)
-        return self._compressed
+    def __call__(self, key: T) -> bytes:
+        if key is not self._key:
+            self._key, self._result = key, self._compute(key)
+        return self._result
 
 
 def make_app(outlets: Outlets) -> web.Application:
-    gzipped = {False: _Gzipped(), True: _Gzipped()}
+    gzipped = {openmetrics: _LastResult[bytes](partial(gzip.compress, compresslevel=1)) for openmetrics in (False, True)}
+    report_of = _LastResult[Snapshot](lambda snapshot: format_report(snapshot, outlets.target).encode())
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
@@ -69,15 +74,11 @@ def make_app(outlets: Outlets) -> web.Application:
             return web.Response(status=503, body=body, content_type="application/json")
         return web.Response(body=outlets.diagnosis_json, content_type="application/json")
 
-    rendered: list[tuple[Snapshot, bytes]] = []
-
     async def report(_: web.Request) -> web.StreamResponse:
         snapshot = outlets.snapshot
         if snapshot is None:
             return web.Response(status=503, text="starting: no evaluation yet\n")
-        if not rendered or rendered[0][0] is not snapshot:
-            rendered[:] = [(snapshot, format_report(snapshot, outlets.target).encode())]
-        return web.Response(body=rendered[0][1], content_type="text/plain", charset="utf-8")
+        return web.Response(body=report_of(snapshot), content_type="text/plain", charset="utf-8")
 
     async def index(_: web.Request) -> web.StreamResponse:
         return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")

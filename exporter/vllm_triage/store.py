@@ -35,9 +35,10 @@ def scope_of(labels: Labels) -> str:
     return f"{model}/{engine}"
 
 
-def shared_scopes(scope: str) -> list[str]:
+@lru_cache(maxsize=4096)
+def shared_scopes(scope: str) -> tuple[str, ...]:
     """The `/engine` scopes whose series also belong to `scope` (its suffixes that start with "/")."""
-    return [scope[i:] for i, char in enumerate(scope) if char == "/" and i > 0]
+    return tuple(scope[i:] for i, char in enumerate(scope) if char == "/" and i > 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,11 @@ def _vllm_unreachable(j: Judge) -> Term:
     down = j.value("vllm_down_seconds")
     if down is None:
         return j.fact(None, "vLLM has not been scraped yet", "vllm_down_seconds")
-    return j.compare("vllm_down_seconds", ">", "down_seconds_min", "vLLM /metrics has been failing for", " s")
+    term = j.compare("vllm_down_seconds", ">", "down_seconds_min", "vLLM /metrics has been failing for", " s")
+    scrape = j.health.get(VLLM_SOURCE)
+    if scrape is not None and scrape.up is False:
+        j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+    return term
 
 
 def _kv_cache_saturated(j: Judge) -> Term:

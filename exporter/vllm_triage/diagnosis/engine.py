@@ -238,11 +238,8 @@ class Engine:
             reasons = [self._why_missing(name, health) for name in down]
             return _Outcome(None, 0.0, missing=reasons)
         if condition.scope_kind == "global":
-            judge = Judge(global_signals, settings.thresholds, "")
+            judge = Judge(global_signals, settings.thresholds, "", health)
             term = condition.predicate(judge)
-            vllm = health.get(VLLM_SOURCE)
-            if vllm is not None and vllm.up is False:  # the one global condition is about vLLM's scrape
-                judge.note(f"last error ({vllm.last_error_reason}): {vllm.last_error}")
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
         scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
         if not scopes:

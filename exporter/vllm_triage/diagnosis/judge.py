@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..model import Evidence
+from ..model import Evidence, SourceHealth
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,15 @@ _OPS = {
 class Judge:
     """Collects evidence while a predicate runs over one scope's signals."""
 
-    def __init__(self, signals: Mapping[str, float | None], thresholds: Mapping[str, float], scope: str) -> None:
+    def __init__(
+        self,
+        signals: Mapping[str, float | None],
+        thresholds: Mapping[str, float],
+        scope: str,
+        health: Mapping[str, SourceHealth] | None = None,
+    ) -> None:
         self.signals = signals
+        self.health = health or {}
         self.thresholds = thresholds
         self.scope = scope
         self.evidence: list[Evidence] = []

@@ -109,10 +109,8 @@ class GpuSource:
         count = pynvml.nvmlDeviceGetCount()
         if count == 0:
             raise _Unavailable("no_gpu", "NVML sees no GPU")
-        for index in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            self._every.append(_Device(index, uuid, handle))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
+        self._every = [_Device(index, _text(pynvml.nvmlDeviceGetUUID(handle)), handle) for index, handle in enumerate(handles)]
         self._apply_selection()
         self._xid_thread = threading.Thread(target=self._watch_xid, name="nvml-xid", daemon=True)
         self._xid_thread.start()
