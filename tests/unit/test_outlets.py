@@ -8,8 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +19,8 @@ from vllm_triage.config import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.server import make_app
+
+from tests.integration.conftest import get, start_sidecar
 
 from .pages import Counters, failed, page, reading
 from .test_vllm_source import free_port
@@ -204,76 +204,48 @@ def test_a_vllm_page_with_an_exploding_label_is_refused_while_the_sidecar_keeps_
     """10 MiB of `vllm:` series with a label that changes per series (160k engine/model combinations).
     Before the series limit, the sidecar judged every one of them on its event loop: /metrics never
     answered again and SIGTERM went unheard."""
-    exploding = "".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(160_000))
-    vllm_port, sidecar_port = free_port(), free_port()
-    vllm = subprocess.Popen([sys.executable, "-m", "http.server", str(vllm_port), "--bind", "127.0.0.1", "--directory", str(tmp_path)])
-    (tmp_path / "metrics").write_text(exploding)
-    log = open(tmp_path / "sidecar.log", "wb")
-    sidecar = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "vllm-triage"),
-            "serve",
-            "--sources",
-            "vllm",
-            "--vllm-url",
-            f"http://127.0.0.1:{vllm_port}",
-            "--listen",
-            f"127.0.0.1:{sidecar_port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        errors: dict[str, float] = {}
-        while time.monotonic() < deadline and errors.get("too_many_series", 0) < 3:
-            time.sleep(1)
-            try:  # a scraper's patience: Prometheus' default scrape timeout
-                with urllib.request.urlopen(f"http://127.0.0.1:{sidecar_port}/metrics", timeout=10) as response:
-                    got = families(response.read().decode())
-            except OSError:
-                continue
-            errors = {s.labels["reason"]: s.value for s in got["vllm_triage_source_errors"].samples} if "vllm_triage_source_errors" in got else {}
-        assert errors.get("too_many_series", 0) >= 3, (tmp_path / "sidecar.log").read_text()
-        assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples}["vllm"] == 0.0
-        with urllib.request.urlopen(f"http://127.0.0.1:{sidecar_port}/diagnosis", timeout=10) as response:
-            diagnosis = json.load(response)
-        assert "160000 vllm: series, over the 15000 limit (max_series)" in diagnosis["sources"]["vllm"]["last_error"]
-        unreachable = next(c for c in diagnosis["conditions"] if c["condition"] == "vllm_unreachable")
-        assert any(e["text"].startswith("last error (too_many_series): the page has 160000") for e in unreachable["evidence"])
-        assert any("max_series" in action for action in unreachable["next_actions"])
-        sidecar.send_signal(signal.SIGTERM)
-        assert sidecar.wait(timeout=15) == 0
-    finally:
-        for process in (sidecar, vllm):
-            process.kill()
-            process.wait()
-
-
-def test_serve_demo_judges_the_bundled_capture_and_says_what_it_lacks():
-    """What `make run` starts: the bundled capture replayed at real speed behind the real endpoints."""
+    (tmp_path / "metrics").write_text("".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(160_000)))
     port = free_port()
-    demo = subprocess.Popen(
-        [str(Path(sys.executable).parent / "vllm-triage"), "serve", "--demo", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    vllm = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)])
     try:
-        deadline = time.monotonic() + 30
-        report = ""
-        while time.monotonic() < deadline and "source vllm: up" not in report:
-            time.sleep(0.5)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/report", timeout=10) as response:
-                    report = response.read().decode()
-            except OSError:
-                continue
-        assert report.startswith("vllm-triage diagnosis of the bundled demo capture"), report
-        assert "source vllm: up" in report and "source process: up" in report
-        assert "gpu_starved: missing source gpu is not in the capture" in report
+        sidecar = start_sidecar(tmp_path, f"http://127.0.0.1:{port}", "sources: [vllm]\n")
+        try:
+
+            def refused() -> float:
+                errors = sidecar.metrics().get("vllm_triage_source_errors", [])
+                return sum(s.value for s in errors if s.labels["reason"] == "too_many_series")
+
+            sidecar.wait_for(lambda: refused() >= 3, 60, "three scrapes refused for too many series")
+            assert {s.labels["source"]: s.value for s in sidecar.metrics()["vllm_triage_source_up"]}["vllm"] == 0.0
+            diagnosis = sidecar.diagnosis()
+            assert "160000 vllm: series, over the 15000 limit (max_series)" in diagnosis["sources"]["vllm"]["last_error"]
+            unreachable = sidecar.condition("vllm_unreachable")
+            assert any(e["text"].startswith("last error (too_many_series): the page has 160000") for e in unreachable["evidence"])
+            assert any("max_series" in action for action in unreachable["next_actions"])
+            sidecar.process.send_signal(signal.SIGTERM)
+            assert sidecar.process.wait(timeout=15) == 0
+        finally:
+            sidecar.process.kill()
+            sidecar.process.wait()
     finally:
-        demo.terminate()
-        assert demo.wait(timeout=15) == 0
+        vllm.kill()
+        vllm.wait()
+
+
+def test_serve_demo_judges_the_bundled_capture_and_says_what_it_lacks(tmp_path):
+    """What `make run` starts: the bundled capture replayed at real speed behind the real endpoints."""
+    demo = start_sidecar(tmp_path, "http://127.0.0.1:9", "", "--demo")
+    try:
+        demo.wait_for(lambda: b"source vllm: up" in get(demo.url + "/report")[1], 30, "the demo's vLLM readings")
+        report = get(demo.url + "/report")[1].decode()
+        assert report.startswith("vllm-triage diagnosis of the bundled demo capture"), report
+        assert "source process: up" in report
+        assert "gpu_starved: missing source gpu is not in the capture" in report
+        demo.process.terminate()
+        assert demo.process.wait(timeout=15) == 0
+    finally:
+        demo.process.kill()
+        demo.process.wait()
 
 
 def test_a_format_is_rendered_once_asked_for_and_then_on_every_tick():
