@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import zlib
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -57,15 +58,23 @@ def _open(path: str | Path) -> IO[str]:
         raise CaptureError(f"cannot open capture {path}: {exc.strerror}") from None
 
 
+# A capture is minutes to hours of one server; a span past this means a reading with a wrong timestamp,
+# which would make replay step through it tick by tick for ever.
+MAX_SPAN_SECONDS = 7 * 86_400
+# What a corrupt gzip stream raises: OSError (BadGzipFile), EOFError (cut short), zlib.error (bad
+# deflate data), UnicodeDecodeError (not UTF-8 text).
+_CORRUPT = (OSError, EOFError, zlib.error, UnicodeDecodeError)
+
+
 def _header(handle: IO[str], path: str | Path) -> dict[str, Any]:
     try:
         header = json.loads(handle.readline())
-    except (OSError, EOFError, json.JSONDecodeError) as exc:
+    except (*_CORRUPT, json.JSONDecodeError) as exc:
         raise CaptureError(f"{path} is not a vllm-triage capture (gzip JSON lines): {exc}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CaptureError(f"{path} is not a vllm-triage capture: the first line has no format={FORMAT!r}")
-    if header.get("version") != VERSION:
-        raise CaptureError(f"{path} is capture version {header.get('version')}, this sidecar reads version {VERSION}")
+    if header.get("version") != VERSION or isinstance(header.get("version"), bool):
+        raise CaptureError(f"{path} has capture version {header.get('version')!r}; this sidecar reads version {VERSION} (the number)")
     return header
 
 
@@ -86,15 +95,19 @@ def read_readings(path: str | Path) -> Iterator[Reading]:
                 number += 1
                 if line.strip():
                     readings.append(Reading.from_json(json.loads(line)))
+        except (*_CORRUPT, EOFError) as exc:
+            # A recorder that was killed leaves no gzip trailer; a damaged file stops somewhere: keep what was read.
+            if not readings:
+                raise CaptureError(f"{path} is damaged before its first reading ({type(exc).__name__}: {exc})") from None
+            log.warning("%s is truncated or damaged after line %d (%s); using the %d readings before it", path, number, exc, len(readings))
         except (ValueError, KeyError, TypeError) as exc:
             if not line.endswith("\n"):  # the last line of a recording cut short
                 log.warning("%s: line %d is incomplete; using the %d readings before it", path, number, len(readings))
             else:
-                raise CaptureError(f"{path} line {number}: not a reading ({exc})") from None
-        except (OSError, EOFError) as exc:
-            # A recorder that was killed leaves no gzip trailer: keep what was written.
-            log.warning("%s is truncated after line %d (%s); using the %d readings before it", path, number, exc, len(readings))
+                raise CaptureError(f"{path} line {number}: not a reading ({type(exc).__name__}: {exc})") from None
     readings.sort(key=lambda r: r.timestamp)
+    if readings and readings[-1].timestamp - readings[0].timestamp > MAX_SPAN_SECONDS:
+        raise CaptureError(f"{path} spans {readings[-1].timestamp - readings[0].timestamp:.3g} s, over {MAX_SPAN_SECONDS} s: a reading has a wrong timestamp")
     return iter(readings)
 
 

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, SourceLoop, build_engine, build_sources, replay
+from .daemon import Daemon, SourceLoop, build_engine, build_sources, replay, steady_wall_clock
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .report import format_report, format_transition
 
@@ -29,6 +30,7 @@ SCRAPE_KEYS = (
     "max_page_bytes",
     "max_series",
     "max_engines",
+    "max_label_value_length",
     "max_num_seqs",
     "sources",
     "process_title_prefix",
@@ -42,6 +44,28 @@ SCRAPE_KEYS = (
     "gil_nonblocking",
     "log_level",
 )
+
+
+def _seconds(text: str) -> float:
+    """A duration for --seconds: finite, above zero, at most a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds above 0 and at most 86400")
+    return value
+
+
+def _offset(text: str) -> float:
+    """An offset into a capture for --at: finite and not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds from the capture's start, 0 or more")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,16 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     diagnose = commands.add_parser("diagnose", help="Observe a vLLM (or a capture) and print a report an on-call engineer can act on.")
     with_config(diagnose)
     add_flags(diagnose, SCRAPE_KEYS)
-    diagnose.add_argument("--seconds", type=float, default=30.0, help="How long to observe (the report's window). Default 30.")
+    diagnose.add_argument("--seconds", type=_seconds, default=30.0, help="How long to observe (the report's window). Default 30.")
     diagnose.add_argument("--capture", metavar="FILE", help="Diagnose a recorded capture instead of a live vLLM ('demo': the bundled one).")
-    diagnose.add_argument("--at", type=float, metavar="S", help="With --capture: judge at S seconds after the capture's start (default: its end).")
+    diagnose.add_argument("--at", type=_offset, metavar="S", help="With --capture: judge at S seconds after the capture's start (default: its end).")
     diagnose.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
 
     record = commands.add_parser("record", help="Write raw readings to a capture file (gzip JSON lines) for replay.")
     with_config(record)
     add_flags(record, SCRAPE_KEYS)
     record.add_argument("--out", required=True, metavar="FILE", help="Capture file to write (.jsonl.gz).")
-    record.add_argument("--seconds", type=float, default=60.0, help="How long to record. Default 60.")
+    record.add_argument("--seconds", type=_seconds, default=60.0, help="How long to record. Default 60.")
 
     play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
     with_config(play)
@@ -119,7 +143,7 @@ async def observe(config: Config, seconds: float, writer: CaptureWriter | None =
         if writer is not None:
             writer.write(reading)
 
-    loops = build_sources(config, time.time, lambda: next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
+    loops = build_sources(config, steady_wall_clock(), lambda: next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
     deadline = time.monotonic() + seconds
 
     async def run(loop_: SourceLoop, started: float) -> None:
@@ -146,24 +170,29 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         if not readings:
             print(f"{args.capture}: the capture has no readings", file=sys.stderr)
             return 2
-        start = readings[0].timestamp
-        now = start + args.at if args.at is not None else readings[-1].timestamp
+        start, end = readings[0].timestamp, readings[-1].timestamp
+        if args.at is not None and start + args.at > end:
+            print(f"vllm-triage: --at {args.at:g} is past the capture's end ({end - start:.0f} s after its start)", file=sys.stderr)
+            return 2
+        now = start + args.at if args.at is not None else end
         target = f"capture {args.capture}"
     else:
-        print(f"observing {config.vllm_url} for {args.seconds:.0f} s ...", file=sys.stderr)
+        print(f"observing {config.vllm_url_shown} for {args.seconds:.0f} s ...", file=sys.stderr)
         readings = asyncio.run(observe(config, args.seconds))
         now = readings[-1].timestamp
-        target = config.vllm_url
+        target = config.vllm_url_shown
     snapshot = _judge_once(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
     if args.json:
-        print(json.dumps(snapshot.to_json(), indent=1))
+        print(json.dumps(snapshot.to_json(), indent=1, allow_nan=False))
     else:
         print(format_report(snapshot, target), end="")
-    return 0
+    # vLLM never read: the finding is the outage, and no other verdict could be made (exit 1, as a check would)
+    never_read = any(h.source == VLLM_SOURCE and h.last_success_timestamp is None and h.up is False for h in snapshot.sources)
+    return 1 if never_read else 0
 
 
 def _record(args: argparse.Namespace, config: Config) -> int:
-    description: dict[str, Any] = {"vllm_url": config.vllm_url, "created": time.time(), "seconds": args.seconds}
+    description: dict[str, Any] = {"vllm_url": config.vllm_url_shown, "created": time.time(), "seconds": args.seconds}
     with CaptureWriter(args.out, description) as writer:
         readings = asyncio.run(observe(config, args.seconds, writer))
     ok = sum(1 for r in readings if r.ok and r.source == VLLM_SOURCE)

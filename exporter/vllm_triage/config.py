@@ -6,6 +6,7 @@ A wrong value stops start-up with a ConfigError naming the key, the bad value an
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import yaml
 
 from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings, default_settings
-from .sources.vllm import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
+from .sources.vllm import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
 
 DEFAULT_PORT = 10290
 ENV_PREFIX = "VLLM_TRIAGE_"
@@ -42,9 +43,9 @@ def _number(minimum: float, maximum: float | None = None, integer: bool = False)
             value: float | int = int(raw) if integer else float(raw)
             if integer and isinstance(raw, float) and raw != int(raw):
                 raise ValueError
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise _bad(key, raw, f"expected {kind} {span}") from None
-        if value < minimum or (maximum is not None and value > maximum) or value != value:
+        if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
             raise _bad(key, raw, f"expected {kind} {span}")
         return value
 
@@ -72,9 +73,14 @@ def _boolean(key: str, raw: Any) -> bool:
 
 
 def _url(key: str, raw: Any) -> str:
-    parsed = urlparse(str(raw))
+    allowed = "expected an http:// or https:// URL such as http://127.0.0.1:8000"
+    try:
+        parsed = urlparse(str(raw))
+        parsed.port  # noqa: B018 -- raises ValueError for a port out of range
+    except ValueError as error:
+        raise _bad(key, redact_url(str(raw)), f"{allowed} ({error})") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise _bad(key, raw, "expected an http:// or https:// URL such as http://127.0.0.1:8000")
+        raise _bad(key, redact_url(str(raw)), allowed)
     return str(raw).rstrip("/")
 
 
@@ -110,8 +116,14 @@ SOURCE_NAMES = ("vllm", "process", "gpu", "gil")
 
 
 def _items(raw: Any) -> list[str]:
+    """A list from YAML, or a comma-separated string; anything else (a mapping, a number list's
+    nested list) is no list of names: empty, which every caller refuses."""
     if isinstance(raw, (list, tuple)):
+        if not all(isinstance(item, (str, int)) and not isinstance(item, bool) for item in raw):
+            return []
         return [str(item).strip() for item in raw]
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        return []
     return [item.strip() for item in str(raw).split(",") if item.strip()]
 
 
@@ -150,12 +162,35 @@ OPTIONS: tuple[Option, ...] = (
     Option("vllm_url", "http://127.0.0.1:8000", _url, "Base URL of the vLLM server to watch.", "URL"),
     Option("metrics_path", "/metrics", _path_component, "Path of vLLM's Prometheus endpoint.", "PATH"),
     Option("listen", f"0.0.0.0:{DEFAULT_PORT}", _listen, f"Address the sidecar serves on (default port {DEFAULT_PORT}).", "HOST:PORT"),
+    Option("max_connections", 128, _number(1, integer=True), "Most connections the sidecar's listener holds at once; more get HTTP 503.", "N"),
+    Option(
+        "http_header_timeout_seconds",
+        15.0,
+        _number(0.5),
+        "Close a connection whose request headers are not complete after this long (also the keep-alive idle time).",
+        "S",
+    ),
     Option("scrape_interval_seconds", 2.0, _number(0.1), "How often to scrape vLLM's /metrics.", "S"),
     Option("scrape_timeout_seconds", 5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S"),
     Option("connect_timeout_seconds", 2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S"),
     Option("max_page_bytes", 10 * 1024 * 1024, _number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES"),
     Option("max_series", DEFAULT_MAX_SERIES, _number(100, integer=True), "Refuse /metrics pages with more vllm: series than this (~320 per engine).", "N"),
     Option("max_engines", DEFAULT_MAX_ENGINES, _number(1, integer=True), "Refuse /metrics pages with more engine/model label combinations than this.", "N"),
+    Option(
+        "max_label_value_length",
+        DEFAULT_MAX_LABEL_VALUE_LENGTH,
+        _number(16, integer=True),
+        "Refuse vLLM series with a label value longer than this (as Prometheus' label_value_length_limit).",
+        "CHARS",
+    ),
+    Option(
+        "stale_after_seconds",
+        None,
+        _optional(_number(0.0)),
+        "How long a failing source's last readings still count as evidence (verdicts ride through a slow scrape); "
+        "longer outages make dependent conditions unknown. Default: 3 collection intervals, at least 15 s.",
+        "S",
+    ),
     Option("tick_seconds", 2.0, _number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S"),
     Option("window_seconds", 60.0, _number(2.0), "Default window W for signals and conditions.", "S"),
     Option(
@@ -216,6 +251,22 @@ class Config:
     def listen_port(self) -> int:
         return int(str(self.values["listen"]).rpartition(":")[2])
 
+    def stale_after(self) -> dict[str, float]:
+        """Per source: how long its readings stay evidence after it starts failing."""
+        intervals = {
+            "vllm": self.values["scrape_interval_seconds"],
+            "process": self.values["process_interval_seconds"],
+            "gpu": self.values["gpu_interval_seconds"],
+            "gil": self.values["gil_interval_seconds"],
+        }
+        configured = self.values["stale_after_seconds"]
+        return {name: configured if configured is not None else max(15.0, 3 * interval) for name, interval in intervals.items()}
+
+    @property
+    def vllm_url_shown(self) -> str:
+        """vllm_url as logs, reports and /diagnosis show it (credentials and query values hidden)."""
+        return redact_url(self.values["vllm_url"])
+
     @property
     def vllm_port(self) -> int | None:
         parsed = urlparse(self.values["vllm_url"])
@@ -274,6 +325,8 @@ def load(config_file: str | None = None, env: Mapping[str, str] | None = None, f
                 document = yaml.safe_load(handle) or {}
         except OSError as exc:
             raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {config_file} is not valid YAML: {exc}") from None
         if not isinstance(document, Mapping):

@@ -15,14 +15,12 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from aiohttp import web
-
 from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
 from .diagnosis.engine import Engine
 from .exposition import Exposition
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
-from .server import make_app
+from .server import make_app, serve
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
@@ -65,6 +63,7 @@ def build_sources(config: Config, clock: Callable[[], float], latest_processes: 
             clock,
             config.max_series,
             config.max_engines,
+            config.max_label_value_length,
         )
         loops.append(SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, vllm.collect, vllm.close))
     if PROCESS_SOURCE in config.sources:
@@ -101,16 +100,24 @@ def build_engine(config: Config, captured: list[Reading] | None = None) -> tuple
         sources, absent = tuple(config.sources), "turned off (the sources setting)"
     else:
         sources, absent = tuple(sorted({r.source for r in captured})), "not in the capture"
-    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent)
+    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after())
     # Keep a little more than the longest window so edge frames are always present.
     store = Store(horizon_seconds=engine.horizon_seconds + 4 * config.scrape_interval_seconds)
     return engine, store
 
 
+def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> Callable[[], float]:
+    """Wall time read once, then advanced by the monotonic clock. Readings are ordered and windowed by
+    this clock, so a step of the system clock (NTP, a resumed VM) can neither reorder them nor empty the
+    windows (an hour back blinded every vLLM condition for an hour); shown times drift by the step."""
+    anchor_wall, anchor = wall(), monotonic()
+    return lambda: anchor_wall + (monotonic() - anchor)
+
+
 class Daemon:
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time, recorder: CaptureWriter | None = None) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] | None = None, recorder: CaptureWriter | None = None) -> None:
         self.config = config
-        self.clock = clock
+        self.clock = clock or steady_wall_clock()
         self.demo_capture: Path | None = None
         self.demo_readings: list[Reading] = []
         if config.demo:  # judged as a capture: its sources are the ones it holds
@@ -121,6 +128,7 @@ class Daemon:
         self.recorder = recorder
         self.snapshot: Snapshot | None = None
         self.diagnosis_json = b""
+        self.evaluation_error: str | None = None  # the last tick's error, None when it succeeded
         self._stop = asyncio.Event()
         # The store, the engine and the exposition are touched by this one thread only: ingest and
         # tick take it in turn, so no locks, and the event loop stays free to answer /metrics while a
@@ -137,7 +145,7 @@ class Daemon:
     @property
     def target(self) -> str:
         """What the report says it diagnosed."""
-        return "the bundled demo capture" if self.config.demo else self.config.vllm_url
+        return "the bundled demo capture" if self.config.demo else self.config.vllm_url_shown
 
     # --- pipeline ---
     def ingest(self, reading: Reading) -> None:
@@ -148,7 +156,7 @@ class Daemon:
     def tick(self) -> Snapshot:
         snapshot = self.engine.evaluate(self.store, self.clock())
         self.exposition.update(snapshot)
-        self.diagnosis_json = json.dumps(snapshot.to_json(), indent=1).encode()
+        self.diagnosis_json = json.dumps(snapshot.to_json(), indent=1, allow_nan=False).encode()
         if self.snapshot is None:
             log.info("first evaluation done: ready")
         self._log_transitions(self.snapshot, snapshot)
@@ -185,8 +193,23 @@ class Daemon:
 
     def _tick_if_fed(self) -> None:
         # Ready means "judged on something": wait for the first reading, ok or failed.
-        if self.store.sources():
+        if not self.store.sources():
+            return
+        try:
             self.tick()
+        except Exception as error:
+            # A tick that fails must show: /readyz turns 503 with the error, the failure counter rises,
+            # and /metrics keeps the last good snapshot (its evaluation timestamp stops moving).
+            message = f"{type(error).__name__}: {error}"
+            if message != self.evaluation_error:
+                log.exception("evaluation failed (the last good snapshot is served)")
+            self.evaluation_error = message
+            self.exposition.collector.evaluation_failures += 1
+            self.exposition.update(self.snapshot)
+        else:
+            if self.evaluation_error is not None:
+                log.info("evaluation recovered")
+            self.evaluation_error = None
 
     async def _demo_loop(self) -> None:
         """Replay a capture at real speed onto the wall clock, looping forever."""
@@ -215,16 +238,12 @@ class Daemon:
         # A scrape arriving while the pipeline thread computes waits for the GIL: hand it over after
         # 1 ms instead of the default 5 ms.
         sys.setswitchinterval(0.001)
-        app = make_app(self)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, config.listen_host, config.listen_port)
-        await site.start()
+        runner, _ = await serve(make_app(self), config.listen_host, config.listen_port, config.max_connections, config.http_header_timeout_seconds)
         host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
         print(f"vllm-triage serving on http://{host}:{config.listen_port}/", flush=True)
 
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a clean exit (py-spy killed, capture closed)
             loop.add_signal_handler(sig, self._stop.set)
 
         tasks: list[asyncio.Task[None]] = []

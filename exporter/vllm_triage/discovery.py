@@ -43,6 +43,8 @@ class Discovery:
     gpus: tuple[dict[str, Any], ...] = ()
     gpu_selection: str | None = None  # which rule chose the GPUs (config, CUDA_VISIBLE_DEVICES, ...)
     hot_functions: tuple[tuple[str, str, str, float], ...] = ()  # (role, function, file, share) from py-spy
+    process_binding: str | None = None  # how the watched processes were tied to the scraped server
+    ignored_processes: int = 0  # vLLM-titled processes of other servers
 
     def host_notes(self) -> list[str]:
         """The busiest thread of each engine core / API server, then the functions holding the GIL."""
@@ -71,6 +73,8 @@ class Discovery:
             "vllm_version": self.vllm_version,
             "api_server_args": self.api_server_args,
             "processes": list(self.processes),
+            "process_binding": self.process_binding,
+            "ignored_processes": self.ignored_processes,
             "gpus": list(self.gpus),
             "gpu_selection": self.gpu_selection,
         }
@@ -110,4 +114,6 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
         if gil is not None and gil.ok
         else ()
     )
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot)
+    binding = process.meta.get("binding") if process is not None else None
+    ignored = int(process.meta.get("ignored_processes", 0)) if process is not None else 0
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored)

@@ -67,6 +67,7 @@ class SnapshotCollector(Collector):
     def __init__(self, settings: dict[str, ConditionSettings]) -> None:
         self.settings = settings
         self.snapshot: Snapshot | None = None
+        self.evaluation_failures = 0
 
     def collect(self) -> Iterator[Metric]:
         build = GaugeMetricFamily(f"{PREFIX}_build_info", "vllm-triage build information.", labels=["version", "python_version"])
@@ -98,6 +99,9 @@ class SnapshotCollector(Collector):
         evaluations = CounterMetricFamily(f"{PREFIX}_evaluations", "Condition-table evaluations since start.")
         evaluations.add_metric([], snapshot.evaluations)
         yield evaluations
+        failures = CounterMetricFamily(f"{PREFIX}_evaluation_failures", "Evaluations that raised (the last good snapshot stays served; /readyz says 503).")
+        failures.add_metric([], self.evaluation_failures)
+        yield failures
         evaluated = GaugeMetricFamily(f"{PREFIX}_last_evaluation_timestamp_seconds", "Time of the last evaluation.")
         evaluated.add_metric([], snapshot.timestamp)
         yield evaluated
@@ -108,7 +112,8 @@ class SnapshotCollector(Collector):
     def _verdicts(self, snapshot: Snapshot) -> Iterator[Metric]:
         active = GaugeMetricFamily(
             f"{PREFIX}_condition_active",
-            "1 while the condition is active (debounced with its for/clear_for durations).",
+            "1 while the condition is active (debounced with its for/clear_for durations; an active condition whose "
+            "inputs went missing stays 1 for its clear_for, with condition_unknown 1).",
             labels=["condition", "layer", "severity"],
         )
         unknown = GaugeMetricFamily(f"{PREFIX}_condition_unknown", "1 while the condition cannot be judged (inputs missing).", labels=["condition"])
@@ -126,7 +131,13 @@ class SnapshotCollector(Collector):
             "Threshold in force for each condition (defaults or config).",
             labels=["condition", "threshold"],
         )
+        primary = GaugeMetricFamily(
+            f"{PREFIX}_condition_primary",
+            "1 for the verdict the diagnosis leads with (the first active condition in the precedence order), 0 for the others.",
+            labels=["condition"],
+        )
         for verdict in snapshot.verdicts:
+            primary.add_metric([verdict.condition], 1.0 if verdict.role == "primary" else 0.0)
             active.add_metric([verdict.condition, verdict.layer, verdict.severity], 1.0 if verdict.active else 0.0)
             unknown.add_metric([verdict.condition], 1.0 if verdict.state == "unknown" else 0.0)
             score.add_metric([verdict.condition], verdict.score)
@@ -138,7 +149,7 @@ class SnapshotCollector(Collector):
             if settings is not None and verdict.condition in CONDITIONS_BY_ID:
                 for name, value in sorted(settings.thresholds.items()):
                     threshold.add_metric([verdict.condition, name], value)
-        yield from (active, unknown, score, since, cause, threshold)
+        yield from (active, unknown, primary, score, since, cause, threshold)
 
     def _signals(self, snapshot: Snapshot) -> Iterator[Metric]:
         """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).

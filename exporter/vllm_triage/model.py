@@ -6,6 +6,7 @@ carry exactly the same values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,20 +23,37 @@ GIL_SOURCE = "gil"
 
 
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a
-# minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). Bounded:
-# cleared when full, as churning labels would otherwise grow it forever.
+# minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). Bounded by
+# the bytes of the label text it holds (not by entries: churning 4 KB labels grew it to 500 MB):
+# cleared when over, which only costs re-interning the label sets still in use.
 _INTERNED_LABELS: dict[Labels, Labels] = {}
-MAX_INTERNED_LABELS = 200_000
+MAX_INTERNED_LABEL_BYTES = 16 * 1024 * 1024
+_interned_bytes = 0
 
 
 def make_labels(labels: dict[str, str]) -> Labels:
+    global _interned_bytes
     key = tuple(sorted(labels.items()))
     shared = _INTERNED_LABELS.get(key)
     if shared is None:
-        if len(_INTERNED_LABELS) >= MAX_INTERNED_LABELS:
+        size = 64 + sum(len(k) + len(v) + 16 for k, v in key)
+        if _interned_bytes + size > MAX_INTERNED_LABEL_BYTES:
             _INTERNED_LABELS.clear()
+            _interned_bytes = 0
         shared = _INTERNED_LABELS[key] = key
+        _interned_bytes += size
     return shared
+
+
+def bucket_bound(le: str | None) -> float | None:
+    """A histogram bucket's upper bound, or None for one that is no number ("abc", "", "NaN")."""
+    if le is None:
+        return None
+    try:
+        bound = float(le)
+    except ValueError:
+        return None
+    return None if bound != bound else bound
 
 
 @dataclass(frozen=True)
@@ -65,11 +83,22 @@ class Reading:
         return record
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> Reading:
-        samples = {(str(name), make_labels({str(k): str(v) for k, v in labels.items()})): float(value) for name, labels, value in record.get("samples", [])}
+    def from_json(cls, record: Any) -> Reading:
+        """Raises ValueError naming what is wrong with a record that is not a reading."""
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        timestamp = float(record["t"])
+        if not math.isfinite(timestamp) or timestamp < 0:
+            raise ValueError(f"timestamp {record['t']!r} is not a time")
+        samples = {}
+        for entry in record.get("samples", []):
+            if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[1], dict):
+                raise ValueError(f"a sample must be [name, {{labels}}, value], got {str(entry)[:80]}")
+            name, labels, value = entry
+            samples[(str(name), make_labels({str(k): str(v) for k, v in labels.items()}))] = float(value)
         return cls(
             source=str(record["source"]),
-            timestamp=float(record["t"]),
+            timestamp=timestamp,
             ok=bool(record["ok"]),
             samples=samples,
             error=record.get("error"),
@@ -101,6 +130,7 @@ class SourceHealth:
     last_success_timestamp: float | None
     collect_duration_seconds: float
     errors_total: dict[str, int]  # by reason
+    failing_since: float | None = None  # start of the current run of failed collections
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +140,7 @@ class SourceHealth:
             "last_success_timestamp": self.last_success_timestamp,
             "collect_duration_seconds": self.collect_duration_seconds,
             "errors_total": dict(self.errors_total),
+            "failing_since": self.failing_since,
         }
 
 
@@ -153,10 +184,14 @@ class Verdict:
     cause: str | None = None
     causes: tuple[str, ...] = ()  # every cause this condition can report (stable metric series)
     scopes: tuple[str, ...] = ()  # engines/models where the predicate holds
+    held: bool = False  # unknown now, last judged active: still counts as active until its clear_for
+    stale: tuple[str, ...] = ()  # inputs judged on readings of a source that is failing (< stale_after)
+    suppressed_by: str | None = None  # another condition explains this one's evidence
+    role: str = ""  # primary | secondary (active verdicts): which story the report leads with
 
     @property
     def active(self) -> bool:
-        return self.state == "active"
+        return self.state == "active" or self.held
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -173,6 +208,14 @@ class Verdict:
             "missing_inputs": list(self.missing),
             "scopes": list(self.scopes),
         }
+        if self.held:
+            record["held_active"] = True
+        if self.stale:
+            record["stale"] = list(self.stale)
+        if self.suppressed_by:
+            record["suppressed_by"] = self.suppressed_by
+        if self.role:
+            record["role"] = self.role
         if self.causes:
             record["cause"] = self.cause
         return record
@@ -188,6 +231,17 @@ def _gpus_json(latest: dict[SeriesKey, float]) -> dict[str, dict[str, float]]:
     return out
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float as None: strict JSON parsers (JavaScript's) reject NaN/Infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the outlets show, computed once per tick."""
@@ -199,18 +253,23 @@ class Snapshot:
     evaluations: int
     window_seconds: float
     discovery: dict[str, Any] = field(default_factory=dict)
+    primary: str | None = None  # the verdict the report leads with (see diagnosis.engine.rank)
     gpu_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last GPU Reading, as read
     process_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last process Reading, as read
     gil_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last py-spy windows, as read
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "timestamp": self.timestamp,
-            "window_seconds": self.window_seconds,
-            "evaluations": self.evaluations,
-            "conditions": [v.to_json() for v in self.verdicts],
-            "sources": {s.source: s.to_json() for s in self.sources},
-            "signals": self.signals,
-            "discovery": self.discovery,
-            "gpus": _gpus_json(self.gpu_latest),
-        }
+        record: dict[str, Any] = json_safe(
+            {
+                "timestamp": self.timestamp,
+                "window_seconds": self.window_seconds,
+                "evaluations": self.evaluations,
+                "primary": self.primary,
+                "conditions": [v.to_json() for v in self.verdicts],
+                "sources": {s.source: s.to_json() for s in self.sources},
+                "signals": self.signals,
+                "discovery": self.discovery,
+                "gpus": _gpus_json(self.gpu_latest),
+            }
+        )
+        return record

@@ -29,9 +29,12 @@ def format_report(snapshot: Snapshot, target: str) -> str:
         detail = f" (last error: {health.last_error})" if health.last_error and not health.up else ""
         lines.append(f"  source {health.source}: {state}{detail}")
     holding = sorted((v for v in snapshot.verdicts if _holding(v)), key=lambda v: (SEVERITY_ORDER.get(v.severity, 9), -v.score))
-    unknown = [v for v in snapshot.verdicts if v.state == "unknown"]
+    unknown = [v for v in snapshot.verdicts if v.state == "unknown" and not v.held]
     clear = [v for v in snapshot.verdicts if not _holding(v) and v.state != "unknown"]
     lines.append("")
+    if snapshot.primary:
+        lines.append(f"PRIMARY: {snapshot.primary} (the verdict whose fix comes first; the others below are secondary to it)")
+        lines.append("")
     if holding:
         lines.append("WHAT IS WRONG (most severe first)")
         for v in holding:
@@ -39,9 +42,12 @@ def format_report(snapshot: Snapshot, target: str) -> str:
             engines = f" on {', '.join(v.scopes)}" if v.scopes else ""
             # The daemon debounces: a predicate that holds now is reported active only once it held for `for`.
             pending = "" if v.active else " (holds now; not active until it has held for its `for` duration)"
+            if v.held:
+                pending = f" (inputs missing: {', '.join(v.missing) or 'unknown'}; held active until its clear_for passes)"
             lines.append(f"  [{v.severity}] {v.condition}{cause}{engines}: {v.summary}{pending}")
             lines.append("    evidence:")
             lines.extend(f"      - {e.text}" + (f" [{e.scope}]" if e.scope and len(v.scopes) > 1 else "") for e in v.evidence)
+            lines.extend(f"      - stale: {note}" for note in v.stale)
             lines.append("    next actions:")
             lines.extend(f"      - {action}" for action in v.next_actions)
     else:
@@ -51,9 +57,13 @@ def format_report(snapshot: Snapshot, target: str) -> str:
         lines.append("COULD NOT JUDGE")
         for v in unknown:
             lines.append(f"  {v.condition}: missing {', '.join(v.missing) or 'inputs'}")
+    suppressed = [v for v in clear if v.suppressed_by]
+    if suppressed:
+        lines.append("")
+        lines.append("EXPLAINED BY ANOTHER VERDICT: " + ", ".join(f"{v.condition} (by {v.suppressed_by})" for v in suppressed))
     if clear:
         lines.append("")
-        lines.append("NOT HOLDING: " + ", ".join(v.condition for v in clear))
+        lines.append("NOT HOLDING: " + ", ".join(v.condition for v in clear if not v.suppressed_by))
     return "\n".join(lines) + "\n"
 
 

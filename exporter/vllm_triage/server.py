@@ -3,14 +3,17 @@ per snapshot (the text report, and a /metrics format nobody asked for before, on
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import html
 import json
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .model import Snapshot
 from .report import format_report
@@ -25,6 +28,7 @@ class Outlets(Protocol):
 
     snapshot: Snapshot | None
     diagnosis_json: bytes
+    evaluation_error: str | None
 
     @property
     def target(self) -> str: ...
@@ -47,6 +51,97 @@ class _LastResult(Generic[T]):
         return self._result
 
 
+BUSY_RESPONSE = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over the cap: answered 503 and closed at once, so descriptors and memory stay bounded."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(BUSY_RESPONSE)
+        transport.close()
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's handler for one connection, counted from its accept to its close (the server's own
+    list misses connections accepted in a burst but not yet set up)."""
+
+    def __init__(self, inner: asyncio.Protocol, site: CappedTCPSite) -> None:
+        self.inner, self.site = inner, site
+        site.open_connections += 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.site.open_connections -= 1
+        self.inner.connection_lost(exc)
+
+
+class CappedTCPSite(web.TCPSite):
+    """A TCP site that holds at most `max_connections` connections (the rest get 503): thousands of
+    half-open clients otherwise took every file descriptor and /metrics stopped answering. The header
+    timeout is aiohttp's keepalive_timeout, which also runs from the connection's start until its first
+    request is complete (see serve())."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
+        super().__init__(runner, host, port)
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.refused = 0
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if self.open_connections >= self.max_connections:
+                self.refused += 1
+                return _Busy()
+            return _Counted(server(), self)
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
+        )
+
+
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a malformed request with a 9-line traceback; it is the client's fault: one debug line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg, record.args, record.exc_info, record.exc_text = f"bad request from a client: {error.message}", (), None, None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+async def serve(app: web.Application, host: str, port: int, max_connections: int, header_timeout_seconds: float) -> tuple[web.AppRunner, CappedTCPSite]:
+    """Start serving `app`; a client must finish each request's headers within `header_timeout_seconds`
+    (also the idle keep-alive time between requests)."""
+    logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=header_timeout_seconds)
+    await runner.setup()
+    site = CappedTCPSite(runner, host, port, max_connections)
+    await site.start()
+    return runner, site
+
+
 def make_app(outlets: Outlets) -> web.Application:
     gzipped = {openmetrics: _LastResult[bytes](partial(gzip.compress, compresslevel=1)) for openmetrics in (False, True)}
     report_of = _LastResult[Snapshot](lambda snapshot: format_report(snapshot, outlets.target).encode())
@@ -64,6 +159,8 @@ def make_app(outlets: Outlets) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.StreamResponse:
+        if outlets.evaluation_error is not None:
+            return web.Response(status=503, text=f"evaluation failing: {outlets.evaluation_error}\n")
         if outlets.snapshot is None:
             return web.Response(status=503, text="starting: no evaluation yet\n")
         return web.Response(text="ready\n")

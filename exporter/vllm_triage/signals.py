@@ -672,7 +672,8 @@ def compute_signals(view: WindowView, scope: str, max_num_seqs: int | None, tabl
     ctx = SignalContext(view, scope, max_num_seqs, values)
     for signal in table:
         value = signal.compute(ctx)
-        values[signal.id] = None if value is None or math.isnan(value) else value
+        # A signal no arithmetic downstream can use (NaN, ±Inf from an overflow) is "cannot be computed".
+        values[signal.id] = value if value is not None and math.isfinite(value) else None
     return values
 
 

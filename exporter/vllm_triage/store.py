@@ -11,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .model import Labels, Reading, SourceHealth
+from .model import Labels, Reading, SourceHealth, bucket_bound
 
 AGGREGATE_SCOPE = "all"
 
 
-@lru_cache(maxsize=65536)  # labels are shared tuples (make_labels): one scope string per label set
+@lru_cache(maxsize=8192)  # labels are shared tuples (make_labels): one scope string per label set
 def scope_of(labels: Labels) -> str:
     """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0"),
     or `gpu:<index>` for a GPU series.
@@ -63,7 +63,7 @@ class Frame:
         grouped: dict[str, list[Series]] = {}
         scoped: dict[str, dict[str, list[Series]]] = {}
         for (name, labels), value in reading.samples.items():
-            le = next((float(v) for k, v in labels if k == "le"), None) if name.endswith("_bucket") else None
+            le = bucket_bound(next((v for k, v in labels if k == "le"), None)) if name.endswith("_bucket") else None
             series = Series(scope_of(labels), labels, value, le)
             grouped.setdefault(name, []).append(series)
             scoped.setdefault(series.scope, {}).setdefault(name, []).append(series)
@@ -109,15 +109,19 @@ class Store:
         if state.latest is not None and reading.timestamp < state.latest.timestamp:
             # A capture can hold readings slightly out of order; keep windows monotonic.
             return
+        frame = Frame.from_reading(reading) if reading.ok else None  # first: nothing is recorded if it fails
         state.latest = reading
+        # A page with refused series counts each reason (vllm_triage_source_errors_total{reason}).
+        reasons = set(reading.meta.get("dropped", ())) or ({reading.error_reason} if reading.error_reason else set())
+        for reason in reasons:
+            state.errors_total[reason] = state.errors_total.get(reason, 0) + 1
         if reading.error_reason:
-            state.errors_total[reading.error_reason] = state.errors_total.get(reading.error_reason, 0) + 1
             state.last_error = reading.error
             state.last_error_reason = reading.error_reason
-        if reading.ok:
+        if frame is not None:
             state.failing_since = None
             state.last_success = reading.timestamp
-            state.frames.append(Frame.from_reading(reading))
+            state.frames.append(frame)
             state.timestamps.append(reading.timestamp)
         elif state.failing_since is None:
             state.failing_since = reading.timestamp
@@ -162,4 +166,5 @@ class Store:
             last_success_timestamp=state.last_success,
             collect_duration_seconds=state.latest.duration_seconds,
             errors_total=dict(state.errors_total),
+            failing_since=state.failing_since,
         )

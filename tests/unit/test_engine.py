@@ -129,20 +129,84 @@ def test_queue_backlog_cause_follows_the_evidence():
     assert verdict(snap, "queue_backlog").cause == "unknown"
 
 
-def test_unreachable_vllm_makes_layer1_unknown_and_fires_after_for():
+def test_a_scrape_gap_shorter_than_stale_after_changes_no_state():
+    s = Scenario(engine({"kv_cache_saturated": {"for_seconds": 0, "clear_seconds": 60}}))
+    snap = s.run(30, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    assert verdict(snap, "kv_cache_saturated").state == "active"
+    snap = s.fail(10)  # a timed-out scrape or two: under stale_after (15 s), the window's readings are judged
+    v = verdict(snap, "kv_cache_saturated")
+    assert v.state == "active" and not v.held
+    assert v.stale and "failing since" in v.stale[0] and "cannot reach" in v.stale[0]
+    assert all(x.state != "unknown" for x in snap.verdicts if x.condition in ("queue_backlog", "preemption_storm"))
+    snap = s.run(4, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    assert verdict(snap, "kv_cache_saturated").state == "active" and not verdict(snap, "kv_cache_saturated").stale
+
+
+def test_a_gap_keeps_the_for_clock_of_a_pending_condition():
+    # client_underload holds all along with a 120 s `for`; one failed scrape every 40 s must not reset it
     s = Scenario(engine())
+    snap = None
+    for _ in range(4):
+        s.run(38, running=4)
+        snap = s.fail(2)
+    snap = s.run(6, running=4)
+    v = verdict(snap, "client_underload")
+    assert v.state == "active", (v.state, v.raw)
+
+
+def test_an_outage_past_stale_after_makes_layer1_unknown_holds_active_verdicts_then_lets_go():
+    s = Scenario(engine({"kv_cache_saturated": {"for_seconds": 0, "clear_seconds": 60}}))
     s.run(30, running=60, waiting=10, kv=1.0, preempt_per_step=2)
-    snap = s.fail(10)
+    snap = s.fail(20)
+    v = verdict(snap, "kv_cache_saturated")
+    assert v.state == "unknown" and v.held and v.active  # its alert does not flap on the outage
+    assert any("stale_after" in m for m in v.missing)
     assert verdict(snap, "vllm_unreachable").state == "inactive"  # for = 30 s
-    assert verdict(snap, "kv_cache_saturated").state == "unknown"
-    assert any("source vllm is down" in m for m in verdict(snap, "kv_cache_saturated").missing)
-    snap = s.fail(30)
+    snap = s.fail(20)
     v = verdict(snap, "vllm_unreachable")
-    assert v.state == "active"
-    assert "failing for" in v.evidence[0].text
+    assert v.state == "active" and "failing for" in v.evidence[0].text
+    assert snap.primary == "vllm_unreachable"
+    snap = s.fail(50)  # unknown for longer than kv_cache_saturated's clear_for: let go
+    v = verdict(snap, "kv_cache_saturated")
+    assert v.state == "unknown" and not v.held and not v.active
     snap = s.run(40)
     assert verdict(snap, "vllm_unreachable").state == "inactive"
     assert verdict(snap, "kv_cache_saturated").state == "inactive"
+
+
+def test_an_unknown_pending_condition_starts_its_for_over():
+    s = Scenario(engine({"kv_cache_saturated": {"for_seconds": 60}}))
+    s.run(20, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    s.fail(30)  # past stale_after: unknown
+    snap = s.run(20, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    assert verdict(snap, "kv_cache_saturated").state == "inactive"  # 20 s of 60 since the inputs came back
+    snap = s.run(44, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    assert verdict(snap, "kv_cache_saturated").state == "active"
+
+
+def test_waiting_requests_clear_client_underload_at_once():
+    s = Scenario(engine({"client_underload": {"for_seconds": 0, "clear_seconds": 60}}))
+    assert verdict(s.run(30, running=4), "client_underload").state == "active"
+    snap = s.run(12, running=60, waiting=20, kv=0.9)
+    v = verdict(snap, "client_underload")
+    assert v.state == "inactive", "requests waiting contradict underload: no 60 s clear_for"
+    assert any("cleared at once" in e.text for e in v.evidence)
+    # a predicate that merely stops holding still waits out its clear_for
+    s = Scenario(engine({"client_underload": {"for_seconds": 0, "clear_seconds": 60}}))
+    s.run(30, running=4)
+    assert verdict(s.run(12, running=40), "client_underload").state == "active"
+
+
+def test_one_story_per_server_primary_and_suppression():
+    s = Scenario(engine({c: {"for_seconds": 0} for c in ("kv_cache_saturated", "queue_backlog", "preemption_storm", "client_underload")}))
+    snap = s.run(30, running=60, waiting=10, kv=1.0, preempt_per_step=4)
+    assert snap.primary == "kv_cache_saturated"
+    roles = {v.condition: v.role for v in snap.verdicts if v.active}
+    assert roles["kv_cache_saturated"] == "primary" and roles["queue_backlog"] == "secondary"
+    assert snap.to_json()["primary"] == "kv_cache_saturated"
+    # healthy: no primary
+    snap = Scenario(engine()).run(10)
+    assert snap.primary is None and not any(v.role for v in snap.verdicts)
 
 
 def test_client_underload_needs_traffic_and_low_concurrency():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -12,7 +13,9 @@ import tempfile
 import textwrap
 import time
 
+import psutil
 import pytest
+import vllm_triage
 from vllm_triage.sources.gil import GilSource, find_py_spy, hot_functions
 
 # A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL),
@@ -81,26 +84,50 @@ def test_hot_functions_parse_py_spy_raw_lines():
     assert hot_functions(raw, 5) == [("spin", "b.py", 60), ("<module>", "c.py", 5)]
 
 
-def gil_as_nobody(target_pid: int, py_spy: str | None = None, setpriv_options: tuple[str, ...] = ()) -> dict:
-    """One GIL window taken by a GilSource running as user nobody, as the image's non-root sidecar does."""
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
+@pytest.fixture(scope="module")
+def readable_by_nobody():
+    """The GIL source's code, psutil and py-spy copied where user nobody can read them: the checkout
+    and its venv may sit in a folder only root can read (a clone under /root, a mktemp -d folder)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to drop privileges")
+    interpreter = os.path.realpath(sys.executable)
+    if subprocess.run([*NOBODY, interpreter, "-c", "pass"], capture_output=True).returncode != 0:
+        pytest.skip(f"user nobody cannot run this Python ({interpreter})")
+    directory = tempfile.mkdtemp(prefix="gil-as-nobody-", dir="/tmp")
+    for module in (vllm_triage, psutil):
+        source = os.path.dirname(module.__file__ or "")
+        shutil.copytree(source, os.path.join(directory, os.path.basename(source)), ignore=shutil.ignore_patterns("__pycache__"))
+    py_spy = find_py_spy()
+    if py_spy:
+        shutil.copy(py_spy, os.path.join(directory, "py-spy"))
+    subprocess.run(["chmod", "-R", "a+rX", directory], check=True)
+    yield interpreter, directory
+    shutil.rmtree(directory)
+
+
+def gil_as_nobody(readable: tuple[str, str], target_pid: int, py_spy: str | None = None, setpriv_options: tuple[str, ...] = ()) -> dict:
+    """One GIL window taken by a GilSource running as user nobody, as the image's non-root sidecar does."""
+    interpreter, directory = readable
+    py_spy = py_spy or os.path.join(directory, "py-spy")
     code = (
         "import asyncio, json; from vllm_triage.sources.gil import GilSource; "
         f"r = asyncio.run(GilSource(lambda: {{'engine_core': {target_pid}}}, window_seconds=1, py_spy={py_spy!r}).collect()); "
         "print(json.dumps({'ok': r.ok, 'reason': r.error_reason, 'error': r.error, 'samples': [[k[0], v] for k, v in r.samples.items()]}))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *setpriv_options, sys.executable, "-c", code]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    env = {**os.environ, "PYTHONPATH": directory}
+    result = subprocess.run([*NOBODY, *setpriv_options, interpreter, "-c", code], capture_output=True, text=True, env=env, timeout=60, cwd="/tmp")
+    assert result.returncode == 0 and result.stdout.strip(), f"the GIL source as nobody failed: {result.stderr[-2000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_without_ptrace_rights_the_message_names_the_fix():
+def test_without_ptrace_rights_the_message_names_the_fix(readable_by_nobody):
     """py-spy run as an unprivileged user against a root-owned process: a real EPERM."""
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        outcome = gil_as_nobody(target.pid)
+        outcome = gil_as_nobody(readable_by_nobody, target.pid)
     finally:
         target.kill()
     assert not outcome["ok"] and outcome["reason"] == "no_permission"
@@ -127,22 +154,22 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a system python")
-def test_non_root_py_spy_with_the_file_capability_samples_a_root_process(py_spy_with_file_capability):
+def test_non_root_py_spy_with_the_file_capability_samples_a_root_process(readable_by_nobody, py_spy_with_file_capability):
     target = subprocess.Popen([SYSTEM_PYTHON, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        outcome = gil_as_nobody(target.pid, py_spy_with_file_capability)
+        outcome = gil_as_nobody(readable_by_nobody, target.pid, py_spy_with_file_capability)
     finally:
         target.kill()
     assert outcome["ok"], outcome["error"]
     assert dict(outcome["samples"])["gil_held_ratio"] > 0.8
 
 
-def test_container_without_sys_ptrace_gets_the_fix_not_a_crash(py_spy_with_file_capability):
+def test_container_without_sys_ptrace_gets_the_fix_not_a_crash(readable_by_nobody, py_spy_with_file_capability):
     """Pod without SYS_PTRACE: the kernel refuses to exec a binary whose file capability it cannot grant."""
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        outcome = gil_as_nobody(target.pid, py_spy_with_file_capability, ("--bounding-set=-sys_ptrace",))
+        outcome = gil_as_nobody(readable_by_nobody, target.pid, py_spy_with_file_capability, ("--bounding-set=-sys_ptrace",))
     finally:
         target.kill()
     assert not outcome["ok"] and outcome["reason"] == "no_permission"
@@ -162,3 +189,56 @@ def test_a_target_that_exits_mid_window_is_reported_gone_not_as_a_py_spy_crash()
     reading = asyncio.run(GilSource(lambda: {"engine_core": target.pid}, window_seconds=2).collect())
     target.wait()
     assert not reading.ok and reading.error_reason == "target_gone", reading.error
+
+
+def test_a_process_titled_like_the_engine_core_that_is_not_python_is_named_so():
+    target = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 30"])
+    try:
+        time.sleep(0.2)
+        reading = asyncio.run(GilSource(lambda: {"engine_core": target.pid}, window_seconds=1).collect())
+    finally:
+        target.kill()
+    assert not reading.ok and reading.error_reason == "not_python", reading.error
+    assert "no Python" in (reading.error or "")
+
+
+def py_spy_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.name() == "py-spy"]
+
+
+def test_cancelling_a_window_kills_py_spy_at_once():
+    """At shutdown the daemon cancels the GIL task: py-spy must not go on pausing vLLM for its window."""
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    async def cancel_mid_window() -> list[int]:
+        task = asyncio.create_task(GilSource(lambda: {"engine_core": target.pid}, window_seconds=30).collect())
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if py_spy_children():
+                break
+        running = [p.pid for p in py_spy_children()]
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        return running
+
+    try:
+        running = asyncio.run(cancel_mid_window())
+        assert running, "py-spy never started"
+        assert not [p for p in py_spy_children() if p.pid in running and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        target.kill()
+
+
+def test_a_py_spy_that_exits_as_it_times_out_is_not_a_crash():
+    """The timeout handler kills a py-spy that may have exited a moment before: no ProcessLookupError."""
+    from vllm_triage.sources import gil
+
+    class Exited:
+        returncode = None
+
+        def kill(self) -> None:
+            raise ProcessLookupError
+
+    gil._kill(Exited())  # type: ignore[arg-type]  # must not raise

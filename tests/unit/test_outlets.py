@@ -142,19 +142,29 @@ def test_report_reads_like_the_diagnose_command_and_is_rendered_once_per_snapsho
 def test_vllm_down_keeps_metrics_answering_with_unknowns():
     daemon = saturated_daemon()
     t0 = daemon.snapshot.timestamp if daemon.snapshot else 0.0
-    for i in range(1, 25):
-        daemon.clock = lambda i=i: t0 + i * 2.0
-        daemon.ingest(failed(t0 + i * 2.0))
-        daemon.tick()
-    ((status, _, body),) = serve_and_get(daemon, [("/metrics", {})])
-    got = families(body.decode())
-    assert status == 200
+
+    def fail_until(seconds: float) -> dict:
+        for i in range(1, int(seconds / 2) + 1):
+            daemon.clock = lambda i=i: t0 + i * 2.0
+            daemon.ingest(failed(t0 + i * 2.0))
+            daemon.tick()
+        ((status, _, body),) = serve_and_get(daemon, [("/metrics", {})])
+        assert status == 200
+        return families(body.decode())
+
+    got = fail_until(48)
     assert {s.labels["source"]: s.value for s in got["vllm_triage_source_up"].samples}["vllm"] == 0.0
     errors = {s.labels["reason"]: s.value for s in got["vllm_triage_source_errors"].samples}
     assert errors["connect"] == 24
     active = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_active"].samples}
     unknown = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_unknown"].samples}
-    assert active["vllm_unreachable"] == 1.0
+    primary = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_primary"].samples}
+    assert active["vllm_unreachable"] == 1.0 and primary["vllm_unreachable"] == 1.0
+    # unknown since 15 s (stale_after), held active for its 60 s clear_for: the page does not flap
+    assert active["kv_cache_saturated"] == 1.0 and unknown["kv_cache_saturated"] == 1.0
+    got = fail_until(100)
+    active = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_active"].samples}
+    unknown = {s.labels["condition"]: s.value for s in got["vllm_triage_condition_unknown"].samples}
     assert active["kv_cache_saturated"] == 0.0 and unknown["kv_cache_saturated"] == 1.0
 
 

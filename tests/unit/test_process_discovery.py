@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
 
+import psutil
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
 from vllm_triage.store import Store
+
+from .test_vllm_source import free_port
 
 
 def test_parse_vllm_args_both_spellings():
@@ -42,32 +49,84 @@ def test_roles():
     assert role_of(["python", "/venv/bin/vllm-triage", "serve", "--vllm-url", "x"], "VLLM") is None
 
 
-def test_discovers_real_processes_and_feeds_max_num_seqs(tmp_path):
-    # Real processes whose command lines look like vLLM's: a `vllm` console script run by its
-    # interpreter, and a process titled VLLM::EngineCore (exec -a sets argv[0] as setproctitle does).
+# A process that looks like vLLM's API server to the sidecar (`python -c CODE vllm.entrypoints... --port P`):
+# it listens on P and starts an engine core titled VLLM::EngineCore (argv[0], as setproctitle sets it).
+FAKE_API_SERVER = """
+import socket, subprocess, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port)); listener.listen()
+core = subprocess.Popen(["VLLM::EngineCore", "-c", "import time; time.sleep(60)"], executable=sys.executable)
+print("ready", core.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def fake_vllm(port: int, max_num_seqs: int) -> tuple[subprocess.Popen, int]:
+    server = subprocess.Popen(
+        [sys.executable, "-c", FAKE_API_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port), "--max-num-seqs", str(max_num_seqs)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    line = server.stdout.readline().split()
+    return server, int(line[1])
+
+
+def judged(reading) -> dict:
+    store = Store(60)
+    store.add(reading)
+    return Engine(load(env={}).conditions, 60).evaluate(store, reading.timestamp).discovery
+
+
+def test_watches_only_the_vllm_it_scrapes_among_several_on_the_host():
+    first_port, second_port = free_port(), free_port()
+    first, first_core = fake_vllm(first_port, 48)
+    second, second_core = fake_vllm(second_port, 96)
+    stray = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 60"])  # a leftover engine core of a third
+    try:
+        time.sleep(0.3)
+        reading = ProcessSource(port=first_port).collect()
+        assert {p["pid"]: p["role"] for p in reading.meta["processes"]} == {first.pid: "api_server", first_core: "engine_core"}
+        assert reading.meta["ignored_processes"] >= 3  # the other two servers' and the stray (and any other vLLM here)
+        assert f"listening on port {first_port} (pid {first.pid})" in reading.meta["binding"]
+        found = judged(reading)
+        assert found["max_num_seqs"] == 48 and found["max_num_seqs_origin"] == "command_line"
+        assert "listening on port" in found["process_binding"]
+        reading = ProcessSource(port=second_port).collect()
+        assert {p["pid"] for p in reading.meta["processes"]} == {second.pid, second_core}
+        assert judged(reading)["max_num_seqs"] == 96
+        # a port no server listens on and none was started for: the others are foreign, vLLM's default applies
+        other = ProcessSource(port=free_port()).collect()
+        watched = {p["pid"] for p in other.meta["processes"]}
+        assert stray.pid in watched and not watched & {first.pid, first_core, second.pid, second_core}
+        assert "assumed" in other.meta["binding"]
+        assert judged(other)["max_num_seqs_origin"] == "default"
+    finally:
+        for process in (first, second, stray):
+            process.kill()
+            process.wait()
+        for pid in (first_core, second_core):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_binds_by_the_api_servers_port_flag_when_its_socket_is_not_visible(tmp_path):
+    # In another network namespace the listening socket is invisible; the --port flag still says which server
     script = tmp_path / "vllm"
-    script.write_text("#!/bin/sh\nsleep 30\n")
+    script.write_text("#!/bin/sh\nbash -c 'exec -a VLLM::EngineCore sleep 30' &\nsleep 30\n")
     script.chmod(0o755)
     server = subprocess.Popen(["/bin/sh", str(script), "serve", "m", "--max-num-seqs", "48", "--port", "18123"])
-    core = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 30"])
+    foreign = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 30"])
     try:
         time.sleep(0.3)
         reading = ProcessSource(port=18123).collect()
-        roles = {p["pid"]: p["role"] for p in reading.meta["processes"]}
-        assert roles[server.pid] == "api_server" and roles[core.pid] == "engine_core"
+        roles = sorted(p["role"] for p in reading.meta["processes"])
+        assert roles == ["api_server", "engine_core"] and foreign.pid not in {p["pid"] for p in reading.meta["processes"]}
+        assert "started with --port 18123" in reading.meta["binding"]
         assert reading.meta["api_server_args"]["max_num_seqs"] == 48
-        store = Store(60)
-        store.add(reading)
-        snapshot = Engine(load(env={}).conditions, 60).evaluate(store, reading.timestamp)
-        assert snapshot.discovery["max_num_seqs"] == 48
-        assert snapshot.discovery["max_num_seqs_origin"] == "command_line"
-        # another port: not our vLLM, so vLLM's default applies and says so
-        other = ProcessSource(port=18124).collect()
-        store = Store(60)
-        store.add(other)
-        snapshot = Engine(load(env={}).conditions, 60).evaluate(store, other.timestamp)
-        assert snapshot.discovery["max_num_seqs_origin"] == "default"
-        assert "default" in snapshot.discovery["max_num_seqs_text"]
     finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
         server.kill()
-        core.kill()
+        foreign.kill()

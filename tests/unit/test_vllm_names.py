@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
-from .pages import Counters, page
+from .pages import TTFT_BOUNDS, Counters, page
 
 # Real captures of vLLM 0.32.0 (copied from shared/fixtures so the repo tests on its own).
 FIXTURES = Path(__file__).resolve().parents[1] / "data"
@@ -94,4 +94,36 @@ def test_nan_values_are_dropped_and_counted():
     )
     samples, facts = parse_page(text)
     assert "vllm:kv_cache_usage_perc" not in names(samples)
-    assert facts["nan_series"] == 1
+    assert facts["dropped"] == {"nan_values": 1}
+
+
+@pytest.mark.parametrize("value", ["+Inf", "-Inf", "1.7e308", "-1e31"])
+def test_infinite_and_out_of_range_values_are_refused_at_the_edge(value):
+    text = (
+        page(3, 2, 0.5, Counters(preemptions=4))
+        .replace('vllm:num_requests_running{engine="0",model_name="m"} 3', f'vllm:num_requests_running{{engine="0",model_name="m"}} {value}')
+        .replace('vllm:num_preemptions_total{engine="0",model_name="m"} 4', f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {value}')
+    )
+    samples, facts = parse_page(text)
+    assert "vllm:num_requests_running" not in names(samples) and "vllm:num_preemptions_total" not in names(samples)
+    assert "vllm:num_requests_waiting" in names(samples)
+    assert facts["dropped"] == {"non_finite_values": 2}
+
+
+@pytest.mark.parametrize("le", ["abc", "", "0x10", "NaN"])
+def test_a_histogram_with_a_non_numeric_bucket_is_refused_whole(le):
+    c = Counters(ttft=[0.02, 0.3])
+    text = page(1, 0, 0.5, c).replace('le="0.5"', f'le="{le}"')
+    samples, facts = parse_page(text)
+    assert not any(name.startswith("vllm:time_to_first_token_seconds") for name in names(samples))
+    assert "vllm:num_requests_running" in names(samples)
+    assert facts["dropped"]["bad_bucket"] == len(TTFT_BOUNDS) + 3  # every bucket, _sum and _count
+
+
+def test_label_values_over_the_limit_are_refused():
+    text = page(1, 0, 0.5, Counters(), model="m" * 2000)
+    samples, facts = parse_page(text + 'vllm:num_requests_running{engine="1",model_name="short"} 2\n')
+    assert {dict(labels).get("model_name") for _, labels in samples} <= {"short", None}
+    assert facts["dropped"]["label_too_long"] >= 10
+    samples, facts = parse_page(text, max_label_value_length=4096)
+    assert "dropped" not in facts

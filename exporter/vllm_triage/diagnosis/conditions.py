@@ -7,7 +7,7 @@ config file overrides per condition.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
@@ -39,16 +39,21 @@ class Condition:
     causes: tuple[str, ...] = ()
     dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
     scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
+    # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
+    # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
+    contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None
 
 
 def _vllm_unreachable(j: Judge) -> Term:
     down = j.value("vllm_down_seconds")
     if down is None:
         return j.fact(None, "vLLM has not been scraped yet", "vllm_down_seconds")
-    term = j.compare("vllm_down_seconds", ">", "down_seconds_min", "vLLM /metrics has been failing for", " s")
-    scrape = j.health.get(VLLM_SOURCE)
-    if scrape is not None and scrape.up is False:
-        j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+    term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s")
+    if not (scrape := j.health.get(VLLM_SOURCE)) or scrape.up is not False:
+        return Term(False, 0.0)
+    j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+    if scrape.last_success_timestamp is None:
+        j.note("vLLM has not been scraped successfully once")
     return term
 
 
@@ -131,6 +136,12 @@ def _client_underload(j: Judge) -> Term:
     return all_of(*terms)
 
 
+def _requests_queue(signals: Mapping[str, float | None]) -> str | None:
+    """Requests waiting on average contradict underload: the server turns work away."""
+    waiting = signals.get("requests_waiting_mean")
+    return f"{waiting:.1f} requests waiting on average: the server, not the clients, is the limit" if waiting is not None and waiting >= 1 else None
+
+
 def _sm_activity_words(j: Judge) -> str:
     source = "GPM SM active" if j.signals.get("gpu_sm_activity_from_gpm") else "util.gpu (no GPM on this GPU)"
     return f"GPU SM activity, {source}, window mean"
@@ -191,14 +202,12 @@ def _kv_fragmentation_suspected(j: Judge) -> Term:
     usage = j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0)
     live = j.compare("kv_live_token_ratio", "<", "live_token_ratio_max", "tokens the running requests hold / KV tokens in use", upper=1.0)
     waste = j.compare("kv_last_block_waste_ratio", ">=", "block_waste_ratio_min", "half-empty last blocks / KV capacity", upper=1.0)
-    alternatives = [live, waste]
-    if j.signals.get("gpu_utilization_ratio_mean") is not None:
-        # The seed's row: a GPU mostly idle while the KV cache looks full.
-        alternatives.append(j.compare("gpu_utilization_ratio_mean", "<", "gpu_utilization_max", "util.gpu (window mean)", upper=1.0))
+    # Only evidence of fragmentation itself: the seeds' row "util.gpu < 30 % with a full cache" holds
+    # for every CPU-bound engine (a real one on the H200: SM active 0.3 %, live tokens 0.93 of the
+    # blocks in use) and is gpu_starved's story, not this one's.
     if usage.holds:
-        causes = ("live_tokens", "block_waste", "gpu_idle_with_full_kv")
-        j.cause = next((cause for cause, term in zip(causes, alternatives, strict=False) if term.holds), None)
-    return all_of(usage, any_of(*alternatives))
+        j.cause = "live_tokens" if live.holds else "block_waste" if waste.holds else None
+    return all_of(usage, any_of(live, waste))
 
 
 def _gpu_busy_not_computing(j: Judge) -> Term:
@@ -304,7 +313,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
         ),
         predicate=_vllm_unreachable,
-        thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes before the predicate holds"),),
+        thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds"),),
         for_seconds=30,
         clear_seconds=30,
         sources=(),
@@ -386,6 +395,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check the load balancer spreads requests over fewer replicas if this persists.",
         ),
         predicate=_client_underload,
+        contradicted=_requests_queue,
         dont=("Do not tune vLLM first: it is waiting for work.",),
         thresholds=(
             Threshold("running_ratio_max", 0.25, "mean running / max_num_seqs below this", 0.0, 1.0),
@@ -467,16 +477,18 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check prefix-cache retention (cached blocks count as used).",
         ),
         predicate=_kv_fragmentation_suspected,
-        dont=("PagedAttention keeps external fragmentation near zero: restarting to 'compact' memory does not help.",),
+        dont=(
+            "PagedAttention keeps external fragmentation near zero: restarting to 'compact' memory does not help.",
+            "An idle GPU with a full KV cache is not fragmentation: the CPU side cannot feed the GPU (see gpu_starved).",
+        ),
         thresholds=(
             Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
             Threshold("live_token_ratio_max", 0.5, "live tokens / KV tokens in use below this", 0.0, 1.0),
             Threshold("block_waste_ratio_min", 0.10, "last-block waste / capacity at or above this", 0.0, 1.0),
-            Threshold("gpu_utilization_max", 0.3, "util.gpu window mean below this (when GPU readings exist)", 0.0, 1.0),
         ),
         for_seconds=120,
         clear_seconds=120,
-        causes=("live_tokens", "block_waste", "gpu_idle_with_full_kv"),
+        causes=("live_tokens", "block_waste"),
     ),
 )
 
@@ -609,3 +621,33 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
 )
 CONDITIONS = CONDITIONS + HOST_CONDITIONS + GPU_CONDITIONS
 CONDITIONS_BY_ID = {c.id: c for c in CONDITIONS}
+
+# One story per server. The primary verdict is the first active one in this order: the one whose
+# fix comes first (an unreachable or failing server before capacity, capacity before the host, the
+# host before GPU efficiency, symptoms such as latency after their causes, informational last).
+PRECEDENCE: tuple[str, ...] = (
+    "vllm_unreachable",
+    "request_errors",
+    "kv_cache_saturated",
+    "gpu_starved",
+    "preemption_storm",
+    "queue_backlog",
+    "gpu_throttled",
+    "pcie_link_degraded",
+    "pcie_saturated",
+    "gpu_busy_not_computing",
+    "kv_fragmentation_suspected",
+    "ttft_high",
+    "itl_high",
+    "memory_bandwidth_bound",
+    "compute_bound",
+    "client_underload",
+    "prefix_cache_ineffective",
+)
+# condition -> (conditions whose holding explains its evidence, why): it does not hold then.
+SUPPRESSED_BY: dict[str, tuple[tuple[str, str], ...]] = {
+    "client_underload": (
+        ("gpu_starved", "pending work with idle SMs and a saturated host thread is starvation, not underload"),
+        ("queue_backlog", "requests wait in the queue: the server, not the clients, is the limit"),
+    ),
+}

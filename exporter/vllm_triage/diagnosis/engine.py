@@ -5,6 +5,7 @@ Pure and deterministic given the store's contents and `now`; the daemon and repl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidenc
 from ..signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, compute_signals
 from ..signals import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
-from .conditions import CONDITIONS, Condition
+from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term
 
 
@@ -40,41 +41,64 @@ def default_settings(condition: Condition, window_seconds: float) -> ConditionSe
 
 @dataclass
 class _Debounce:
-    """Hysteresis: a predicate must hold for `for_seconds` to activate and fail for
-    `clear_seconds` to clear. Unknown resets both clocks."""
+    """Hysteresis: a predicate must hold for `for_seconds` to activate and fail for `clear_seconds`
+    to clear. A source gap shorter than its stale_after never reaches here (the window's readings are
+    judged). Inputs missing for longer make the state `unknown`: a pending activation starts over, but
+    an active condition stays held (its alert does not flap) until it has been unknown for its
+    `clear_seconds`, like Prometheus' keep_firing_for; then it is unknown for good."""
 
-    state: str = "unknown"
+    judged: str = "unknown"  # the last state the inputs decided
+    state: str = "unknown"  # what is shown: `judged`, or unknown while the inputs are missing
     since: float | None = None
     pending_since: float | None = None
     clearing_since: float | None = None
+    unknown_since: float | None = None
     cause: str | None = None  # kept while active, so the cause outlives the window's last evidence
+
+    @property
+    def held(self) -> bool:
+        """Unknown now, last judged active, and not unknown for longer than clear_for yet."""
+        return self.state == "unknown" and self.judged == "active"
 
     def step(self, raw: bool | None, now: float, settings: ConditionSettings) -> None:
         if raw is None:
-            self._set("unknown", now)
-            self.pending_since = self.clearing_since = None
+            self.unknown_since = self.unknown_since if self.unknown_since is not None else now
+            self.pending_since = None
+            if self.judged == "active" and now - self.unknown_since >= settings.clear_seconds:
+                self.judged = "unknown"
+                self.clearing_since = None
+            elif self.judged == "inactive":
+                self.judged = "unknown"
+            self._show("unknown", now)
             return
-        if self.state == "active":
+        self.unknown_since = None
+        if self.judged == "active":
             if raw:
                 self.clearing_since = None
             else:
                 self.clearing_since = self.clearing_since if self.clearing_since is not None else now
                 if now - self.clearing_since >= settings.clear_seconds:
-                    self._set("inactive", now)
+                    self.judged = "inactive"
                     self.clearing_since = None
-            return
-        if raw:
+        elif raw:
             self.pending_since = self.pending_since if self.pending_since is not None else now
             if now - self.pending_since >= settings.for_seconds:
-                self._set("active", now)
+                self.judged = "active"
                 self.pending_since = None
             else:
-                self._set("inactive", now)
+                self.judged = "inactive"
         else:
             self.pending_since = None
-            self._set("inactive", now)
+            self.judged = "inactive"
+        self._show(self.judged, now)
 
-    def _set(self, state: str, now: float) -> None:
+    def clear_now(self, now: float) -> None:
+        """The opposite of the condition clearly holds: inactive at once, not after clear_for."""
+        self.judged = "inactive"
+        self.pending_since = self.clearing_since = None
+        self._show("inactive", now)
+
+    def _show(self, state: str, now: float) -> None:
         if state != self.state:
             self.state = state
             self.since = now
@@ -88,8 +112,11 @@ class _Outcome:
     missing: list[str] = field(default_factory=list)
     cause: str | None = None
     scopes: list[str] = field(default_factory=list)
+    contradicted: str | None = None  # why the condition's opposite clearly holds (clears at once)
+    suppressed_by: str | None = None  # the condition whose story explains this one's evidence
 
 
+DEFAULT_STALE_AFTER_SECONDS = 15.0
 HOST_SCOPE = "host"  # the key of the host signals in Snapshot.signals
 GIL_LOOKBACK_SECONDS = 180.0  # py-spy windows come minutes apart: the latest one stays evidence this long
 
@@ -108,6 +135,7 @@ class Engine:
         conditions: tuple[Condition, ...] = CONDITIONS,
         sources: tuple[str, ...] | None = None,
         absent_reason: str = "turned off (the sources setting)",
+        stale_after: dict[str, float] | None = None,
     ) -> None:
         self.conditions = tuple(c for c in conditions if settings[c.id].enabled)
         self.sources = sources  # the sources the sidecar runs (or a capture holds); None: all
@@ -117,6 +145,7 @@ class Engine:
         self.configured_max_num_seqs = max_num_seqs
         self._debounce = {c.id: _Debounce() for c in self.conditions}
         self.evaluations = 0
+        self.stale_after = dict(stale_after or {})  # source -> seconds a failing source's readings stay evidence
 
     @property
     def horizon_seconds(self) -> float:
@@ -145,17 +174,27 @@ class Engine:
                 cache[(source, window)] = per_scope
             return cache[(source, window)]
 
+        fresh = {name: self._fresh(h, now) for name, h in health.items()}
+        outcomes = {}
+        for condition in self.conditions:
+            settings = self.settings[condition.id]
+            per_scope = self._scoped_signals(condition, signals_for, settings.window_seconds, fresh)
+            outcomes[condition.id] = self._judge(condition, settings, per_scope, global_signals, health, fresh, found)
+        _suppress(outcomes)
+
         verdicts = []
         for condition in self.conditions:
             settings = self.settings[condition.id]
-            per_scope = self._scoped_signals(condition, signals_for, settings.window_seconds, health)
-            outcome = self._judge(condition, settings, per_scope, global_signals, health, found)
+            outcome = outcomes[condition.id]
             debounce = self._debounce[condition.id]
             debounce.step(outcome.raw, now, settings)
+            if outcome.contradicted and debounce.judged == "active":
+                debounce.clear_now(now)
             if outcome.cause is not None:
                 debounce.cause = outcome.cause
-            elif debounce.state != "active":
+            elif debounce.judged != "active":
                 debounce.cause = None
+            stale = tuple(self._stale_note(health[name], now) for name in condition.sources if name in health and health[name].up is False and fresh[name])
             verdicts.append(
                 Verdict(
                     condition=condition.id,
@@ -172,8 +211,12 @@ class Engine:
                     cause=debounce.cause,
                     causes=condition.causes,
                     scopes=tuple(outcome.scopes),
+                    held=debounce.held,
+                    stale=stale,
+                    suppressed_by=outcome.suppressed_by,
                 )
             )
+        verdicts = rank(verdicts)
         self.evaluations += 1
         return Snapshot(
             timestamp=now,
@@ -186,6 +229,7 @@ class Engine:
                 },
             },
             verdicts=tuple(verdicts),
+            primary=next((v.condition for v in verdicts if v.role == "primary"), None),
             sources=sources,
             evaluations=self.evaluations,
             window_seconds=self.window_seconds,
@@ -195,12 +239,27 @@ class Engine:
             gil_latest=gil.samples if (gil := store.latest(GIL_SOURCE)) is not None and gil.ok else {},
         )
 
+    def _fresh(self, health: SourceHealth, now: float) -> bool:
+        """Up, or failing for less than its stale_after: the window's readings are still evidence."""
+        if health.up:
+            return True
+        last = health.last_success_timestamp
+        return last is not None and now - last <= self.stale_after.get(health.source, DEFAULT_STALE_AFTER_SECONDS)
+
+    @staticmethod
+    def _stale_note(health: SourceHealth, now: float) -> str:
+        last = health.last_success_timestamp or now
+        return (
+            f"source {health.source}: judged on readings up to {now - last:.0f} s old; failing since "
+            f"{now - (health.failing_since or now):.0f} s ago ({health.last_error_reason}: {health.last_error})"
+        )
+
     @staticmethod
     def _scoped_signals(
         condition: Condition,
         signals_for: Callable[[str, float], dict[str, dict[str, float | None]]],
         window: float,
-        health: dict[str, SourceHealth],
+        fresh: dict[str, bool],
     ) -> dict[str, dict[str, float | None]]:
         """The scopes a condition is judged in, each with the signals it may read. Engine-scoped
         conditions see the aggregate of the watched GPUs next to their engine's vLLM signals."""
@@ -209,8 +268,7 @@ class Engine:
         if condition.scope_kind == "global":
             return {}
         engines = signals_for(VLLM_SOURCE, window)
-        gpu_up = health.get(GPU_SOURCE) is not None and health[GPU_SOURCE].up
-        gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if gpu_up else {}
+        gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if fresh.get(GPU_SOURCE) else {}
         host = {
             **signals_for(PROCESS_SOURCE, window).get(AGGREGATE_SCOPE, {}),
             **signals_for(GIL_SOURCE, max(window, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),
@@ -221,7 +279,7 @@ class Engine:
         if self.sources is not None and name not in self.sources:
             return f"source {name} is {self.absent_reason}"
         if name in health and health[name].up is False:
-            return f"source {name} is down: {health[name].last_error}"
+            return f"source {name} is down for longer than its stale_after: {health[name].last_error}"
         return f"source {name} has no reading yet"
 
     def _judge(
@@ -231,9 +289,10 @@ class Engine:
         per_scope: dict[str, dict[str, float | None]],
         global_signals: dict[str, float | None],
         health: dict[str, SourceHealth],
+        fresh: dict[str, bool],
         found: Discovery,
     ) -> _Outcome:
-        down = [name for name in condition.sources if health.get(name) is None or not health[name].up]
+        down = [name for name in condition.sources if not fresh.get(name)]
         if down:
             reasons = [self._why_missing(name, health) for name in down]
             return _Outcome(None, 0.0, missing=reasons)
@@ -267,7 +326,36 @@ class Engine:
         best = max(shown, key=lambda r: r[1].score)
         evidence = [e for _, _, judge in shown for e in judge.evidence]
         missing = sorted({f"{m} ({scope})" if len(scopes) > 1 else m for scope, _, judge in shown for m in judge.missing})
-        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding])
+        contradicted = None
+        if condition.contradicted is not None and not holding:
+            contradicted = next((why for scope in scopes if (why := condition.contradicted(per_scope[scope])) is not None), None)
+            if contradicted:
+                evidence.append(Evidence("", None, None, "", False, f"cleared at once: {contradicted}", ""))
+        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding], contradicted)
+
+
+def _suppress(outcomes: dict[str, _Outcome]) -> None:
+    """One story per server: a condition whose evidence another holding condition explains does not
+    hold (SUPPRESSED_BY in the table); its evidence stays, with the reason."""
+    for condition_id, outcome in outcomes.items():
+        if not outcome.raw:
+            continue
+        for other, why in SUPPRESSED_BY.get(condition_id, ()):
+            if other in outcomes and outcomes[other].raw:
+                outcome.raw, outcome.suppressed_by, outcome.scopes = False, other, []
+                outcome.evidence.append(Evidence("", None, None, "", False, f"suppressed by {other}: {why}", ""))
+                break
+
+
+def rank(verdicts: list[Verdict]) -> list[Verdict]:
+    """Mark the primary verdict (the first active one in PRECEDENCE: its fix comes first) and the
+    other active ones as secondary to it."""
+    order = {cid: i for i, cid in enumerate(PRECEDENCE)}
+    active = sorted((v for v in verdicts if v.active), key=lambda v: order.get(v.condition, len(order)))
+    if not active:
+        return verdicts
+    primary = active[0].condition
+    return [dataclasses.replace(v, role="primary" if v.condition == primary else "secondary") if v.active else v for v in verdicts]
 
 
 def _down_seconds(store: Store, health: SourceHealth, now: float) -> float | None:

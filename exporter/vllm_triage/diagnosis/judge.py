@@ -7,6 +7,7 @@ threshold, 1 far past it, 0 far from it; `all_of` takes the minimum, `any_of` th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -126,6 +127,8 @@ def any_of(*terms: Term) -> Term:
 
 
 def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
     if value == int(value) and abs(value) < 1e9:
         return str(int(value))
     if abs(value) >= 100:

@@ -47,6 +47,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill py-spy if it still runs; it may have exited on its own a moment ago."""
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+
+
 def hot_functions(raw: str, top: int) -> list[tuple[str, str, int]]:
     """(function, file, samples) of the innermost frames in py-spy's raw output, busiest first."""
     counts: Counter[tuple[str, str]] = Counter()
@@ -84,8 +93,7 @@ class GilSource:
 
     async def close(self) -> None:
         for process in list(self._running):
-            if process.returncode is None:
-                process.kill()
+            _kill(process)
 
     async def collect(self) -> Reading:
         """One window per role (engine core, then API server), one py-spy at a time."""
@@ -139,8 +147,11 @@ class GilSource:
             try:
                 output, _ = await asyncio.wait_for(process.communicate(), timeout=self.window_seconds + 15)
             except asyncio.TimeoutError:
-                process.kill()
+                _kill(process)
                 return ("timeout", f"py-spy on the {role} (pid {pid}) did not finish")
+            except BaseException:
+                _kill(process)  # cancelled (shutdown): a py-spy left running would go on pausing vLLM
+                raise
             finally:
                 self._running.discard(process)
             text = output.decode(errors="replace")
@@ -148,12 +159,14 @@ class GilSource:
             if process.returncode != 0 or counted is None:
                 if "ermission" in text or "not permitted" in text:
                     return ("no_permission", NO_PERMISSION_FIX)
-                if "No such process" in text or "Failed to find" in text or not _alive(pid):
+                if "No such process" in text or not _alive(pid):
                     return ("target_gone", f"the {role} (pid {pid}) exited while sampled")
                 lines = text.strip().splitlines()
                 # py-spy prints `Error: ...` and then a stack backtrace of its own: the error is the news
                 first_error = next((line.strip() for line in lines if line.lstrip().startswith("Error")), None)
                 said = first_error or (lines[-1].strip() if lines else f"exit {process.returncode}")
+                if "Failed to find python" in said:
+                    return ("not_python", f"the {role} (pid {pid}) is titled like vLLM but py-spy finds no Python in it: {said[:200]}")
                 return ("py_spy_failed", f"py-spy on the {role} (pid {pid}): {said[:200]}")
             if not _alive(pid):  # py-spy stops quietly when its target exits: a partial window, not a ratio
                 return ("target_gone", f"the {role} (pid {pid}) exited while sampled")

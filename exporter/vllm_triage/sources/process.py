@@ -111,10 +111,12 @@ class ProcessSource:
         self.clock = clock
         self._tracked: list[_Tracked] = []
         self._scanned_at = -math.inf
-        self._last_count: int | None = None
+        self._last_count: tuple[int, int] | None = None
+        self.binding = "not scanned yet"
+        self.ignored = 0
 
     def _scan(self) -> None:
-        found: list[tuple[str, psutil.Process, list[str]]] = []
+        titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
         for proc in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmdline = proc.info["cmdline"] or []
@@ -122,12 +124,13 @@ class ProcessSource:
                 continue
             role = role_of(cmdline, self.title_prefix)
             if role is not None:
-                found.append((role, proc, cmdline))
+                titled[proc.pid] = (role, proc, cmdline)
+        members, self.binding = self._bind(titled)
         known = {t.process.pid: t for t in self._tracked}
         tracked = []
         for role in ("api_server", "engine_core", "worker"):
-            members = sorted((p for p in found if p[0] == role), key=lambda p: p[1].pid)
-            for index, (_, proc, cmdline) in enumerate(members):
+            chosen = sorted((p for pid, p in titled.items() if p[0] == role and pid in members), key=lambda p: p[1].pid)
+            for index, (_, proc, cmdline) in enumerate(chosen):
                 previous = known.get(proc.pid)
                 args = parse_vllm_args(cmdline) if role == "api_server" else {}
                 entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args)
@@ -135,9 +138,44 @@ class ProcessSource:
                     entry.thread_times, entry.sampled_at = previous.thread_times, previous.sampled_at
                 tracked.append(entry)
         self._tracked = tracked  # processes that exited are gone with their state
-        if len(tracked) != self._last_count:
-            log.info("process source: %d vLLM process(es) visible%s", len(tracked), "" if tracked else " (no shared process namespace?)")
-            self._last_count = len(tracked)
+        self.ignored = len(titled) - len(tracked)
+        if (len(tracked), self.ignored) != self._last_count:
+            ignored = f"; {self.ignored} other vLLM-titled process(es) ignored" if self.ignored else ""
+            log.info("process source: %d vLLM process(es) watched (%s)%s", len(tracked), self.binding, ignored)
+            self._last_count = (len(tracked), self.ignored)
+
+    def _bind(self, titled: dict[int, tuple[str, psutil.Process, list[str]]]) -> tuple[set[int], str]:
+        """The pids of the vLLM server the sidecar scrapes, and how they were found: the process
+        listening on the scraped port and its descendants (engine cores, workers, data-parallel
+        engines); else the API server whose --port is that port and its descendants (its socket is in
+        another network namespace); else every vLLM-titled process, said to be an assumption."""
+        if not titled:
+            return set(), "no vLLM process visible (no shared process namespace?)"
+        if self.port:
+            listeners = _listening_pids(self.port)
+            roots = {pid for pid in listeners if _parent_pid(pid) not in listeners}
+            if roots:
+                members = _with_descendants(roots)
+                if members & set(titled):
+                    return members, f"the process listening on port {self.port} (pid {', '.join(map(str, sorted(roots)))}) and its descendants"
+            flagged = [pid for pid, (role, _, cmdline) in titled.items() if role == "api_server" and parse_vllm_args(cmdline).get("port", 8000) == self.port]
+            if len(flagged) == 1:
+                return _with_descendants(set(flagged)), (
+                    f"the API server started with --port {self.port} (pid {flagged[0]}) and its descendants "
+                    "(no listening socket on that port is visible: another network namespace?)"
+                )
+        # An API server started for another port is another server: it and its descendants are not ours.
+        foreign = _with_descendants(
+            {
+                pid
+                for pid, (role, _, cmdline) in titled.items()
+                if role == "api_server" and self.port and parse_vllm_args(cmdline).get("port", 8000) != self.port
+            }
+        )
+        return set(titled) - foreign, (
+            f"every vLLM-titled process not started for another port: none listens on port {self.port} here and no single "
+            f"API server has --port {self.port}; assumed to be one server (set vllm_url to the port vLLM listens on)"
+        )
 
     def collect(self) -> Reading:
         start = time.perf_counter()
@@ -153,14 +191,12 @@ class ProcessSource:
                 processes.append(self._sample(tracked, now, samples))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 self._scanned_at = -math.inf  # restarted or gone: rescan next time
-        meta: dict[str, Any] = {"processes": processes}
+        meta: dict[str, Any] = {"processes": processes, "binding": self.binding, "ignored_processes": self.ignored}
         servers = [t for t in self._tracked if t.role == "api_server"]
-        # Several vLLMs on one host: the one listening on the port we scrape is ours.
-        matching = [t for t in servers if t.args.get("port", 8000) == self.port] if self.port else servers
-        if matching:
-            meta["api_server_args"] = matching[0].args
-            meta["api_server_pid"] = matching[0].process.pid
-            samples.update(_cgroup_throttling(matching[0].process.pid))
+        if servers:
+            meta["api_server_args"] = servers[0].args
+            meta["api_server_pid"] = servers[0].process.pid
+            samples.update(_cgroup_throttling(servers[0].process.pid))
         return Reading(PROCESS_SOURCE, timestamp, True, samples, duration_seconds=time.perf_counter() - start, meta=meta)
 
     def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> dict[str, Any]:
@@ -183,6 +219,33 @@ class ProcessSource:
             entry["busiest_thread"] = {"tid": tid, "name": _thread_name(proc.pid, tid), "main": tid == proc.pid, "cpu_ratio": round(ratio, 3)}
         tracked.thread_times, tracked.sampled_at = times, now
         return entry
+
+
+def _listening_pids(port: int) -> set[int]:
+    """Pids with a TCP socket listening on `port` in this network namespace (those whose file
+    descriptors the sidecar may read)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return set()
+    return {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def _with_descendants(pids: set[int]) -> set[int]:
+    members = set(pids)
+    for pid in pids:
+        try:
+            members.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return members
 
 
 def _thread_name(pid: int, tid: int) -> str:

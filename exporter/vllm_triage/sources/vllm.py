@@ -13,11 +13,12 @@ import math
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..model import VLLM_SOURCE, Reading, SeriesKey, make_labels
+from ..model import VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..store import scope_of
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,19 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 # Families that say "this page came from vLLM"; a page with none of them is not a vLLM page.
 CORE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown (logs, /diagnosis, reports): user:password@ and query values hidden."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<invalid URL>"
+    netloc = ("***@" if parts.username or parts.password else "") + (f"[{host}]" if ":" in host else host) + port
+    query = "&".join(f"{pair.partition('=')[0]}=***" for pair in parts.query.split("&") if pair) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 class ScrapeError(Exception):
@@ -82,12 +96,40 @@ def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES) -> str:
     return "\n".join(kept) + "\n"
 
 
-def parse_page(text: str, max_series: int = DEFAULT_MAX_SERIES, max_engines: int = DEFAULT_MAX_ENGINES) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
+# Values past this are no real counter or gauge of vLLM's (10^30 FLOPs is 30 years of an H200 at its
+# bf16 peak): refused, so that sums and rates of them stay finite.
+MAX_ABS_VALUE = 1e30
+DEFAULT_MAX_LABEL_VALUE_LENGTH = 1024
+
+# Why a series of a page was refused; each is counted in vllm_triage_source_errors_total{reason}.
+DROP_REASONS = {
+    "nan_values": "NaN values",
+    "non_finite_values": "infinite or out-of-range values",
+    "bad_bucket": "histograms with a non-numeric le label",
+    "label_too_long": "label values over max_label_value_length",
+}
+
+
+def _histogram_base(name: str) -> str | None:
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
+
+
+def parse_page(
+    text: str,
+    max_series: int = DEFAULT_MAX_SERIES,
+    max_engines: int = DEFAULT_MAX_ENGINES,
+    max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
+) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
     """Parse an exposition page into normalised vLLM samples plus facts about the page.
 
     Raises ScrapeError for a page that is not exposition text, has no vLLM metrics, or is over the
-    series or engine limits. When both an old and a new name are present (deprecation windows), the
-    new name wins.
+    series or engine limits. A value or label that no arithmetic should see (NaN, ±Inf, a non-numeric
+    bucket bound, a huge label) is refused here, at the edge, series by series (a bad bucket drops its
+    whole histogram), and counted in facts["dropped"] by reason. When both an old and a new name are
+    present (deprecation windows), the new name wins.
     """
     lines = vllm_lines(text, max_series)
     try:
@@ -97,15 +139,26 @@ def parse_page(text: str, max_series: int = DEFAULT_MAX_SERIES, max_engines: int
     samples: dict[SeriesKey, float] = {}
     renamed: dict[SeriesKey, float] = {}
     used_old_names: set[str] = set()
-    nan_series = 0
+    dropped: dict[str, int] = {}
+    bad_histograms: set[str] = set()
     for family in families:
         for sample in family.samples:
             name = sample.name
             if not name.startswith("vllm:") or name.endswith("_created"):
                 continue
             value = float(sample.value)
+            reason = None
             if math.isnan(value):
-                nan_series += 1
+                reason = "nan_values"
+            elif not abs(value) <= MAX_ABS_VALUE:
+                reason = "non_finite_values"
+            elif any(len(v) > max_label_value_length for v in sample.labels.values()):
+                reason = "label_too_long"
+            elif name.endswith("_bucket") and bucket_bound(sample.labels.get("le")) is None:
+                reason = "bad_bucket"
+                bad_histograms.add(_canonical(name)[0].removesuffix("_bucket"))
+            if reason is not None:
+                dropped[reason] = dropped.get(reason, 0) + 1
                 continue
             canonical, was_renamed = _canonical(name)
             key = (canonical, make_labels(sample.labels))
@@ -116,6 +169,11 @@ def parse_page(text: str, max_series: int = DEFAULT_MAX_SERIES, max_engines: int
                 samples[key] = value
     for key, value in renamed.items():
         samples.setdefault(key, value)
+    if bad_histograms:
+        doomed = [key for key in samples if _histogram_base(key[0]) in bad_histograms]
+        for key in doomed:
+            del samples[key]
+        dropped["bad_bucket"] += len(doomed)
     present = {name for name, _ in samples}
     if not any(name in present for name in CORE_FAMILIES):
         raise ScrapeError("no_vllm_metrics", "the page has no vllm:num_requests_* series: is this vLLM's /metrics?")
@@ -129,8 +187,8 @@ def parse_page(text: str, max_series: int = DEFAULT_MAX_SERIES, max_engines: int
     facts: dict[str, Any] = {"series": len(samples)}
     if used_old_names:
         facts["old_names"] = sorted(used_old_names)
-    if nan_series:
-        facts["nan_series"] = nan_series
+    if dropped:
+        facts["dropped"] = dropped
     if any(name.startswith("vllm:num_requests_swapped") for name, _ in samples):
         facts["engine_generation"] = "v0"
     return samples, facts
@@ -149,9 +207,13 @@ class VllmSource:
         clock: Callable[[], float] = time.time,
         max_series: int = DEFAULT_MAX_SERIES,
         max_engines: int = DEFAULT_MAX_ENGINES,
+        max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.metrics_url = self.base_url + metrics_path
+        self.shown_url = redact_url(self.metrics_url)  # what messages say: never the credentials
+        self._secrets = [s for s in (urlsplit(self.metrics_url).password, urlsplit(self.metrics_url).query) if s]
+        self.max_label_value_length = max_label_value_length
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds, connect=connect_timeout_seconds)
         self.max_page_bytes = max_page_bytes
         self.max_series = max_series
@@ -174,20 +236,21 @@ class VllmSource:
     async def _get(self, url: str, limit: int) -> bytes:
         session = self._session_or_new()
         async with session.get(url, headers={"Accept": "text/plain"}) as response:
+            shown = redact_url(url)
             if response.status != 200:
-                raise ScrapeError("http_status", f"{url} answered HTTP {response.status}")
+                raise ScrapeError("http_status", f"{shown} answered HTTP {response.status}")
             declared = response.content_length
             if declared is not None and declared > limit:
-                raise ScrapeError("too_large", f"{url} is {declared} bytes, over the {limit}-byte limit (max_page_bytes)")
+                raise ScrapeError("too_large", f"{shown} is {declared} bytes, over the {limit}-byte limit (max_page_bytes)")
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.content.iter_any():
                 size += len(chunk)
                 if size > limit:
-                    raise ScrapeError("too_large", f"{url} is over the {limit}-byte limit (max_page_bytes)")
+                    raise ScrapeError("too_large", f"{shown} is over the {limit}-byte limit (max_page_bytes)")
                 chunks.append(chunk)
             if declared is not None and size < declared:
-                raise ScrapeError("truncated", f"{url} sent {size} of the {declared} bytes it announced")
+                raise ScrapeError("truncated", f"{shown} sent {size} of the {declared} bytes it announced")
             return b"".join(chunks)
 
     async def _fetch_version(self) -> None:
@@ -205,36 +268,39 @@ class VllmSource:
             body = await self._get(self.metrics_url, self.max_page_bytes)
             text = body.decode("utf-8", errors="replace")
             # In a worker thread: a large page takes the parser seconds, and /metrics must keep answering.
-            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines)
+            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines, self.max_label_value_length)
             if self._version is None:
                 await self._fetch_version()
             if self._version:
                 facts["version"] = self._version
+            dropped = facts.get("dropped", {})
             reading = Reading(
                 VLLM_SOURCE,
                 timestamp,
                 True,
                 samples,
-                error="vLLM reported NaN for some series (dropped)" if "nan_series" in facts else None,
-                error_reason="nan_values" if "nan_series" in facts else None,
+                error="; ".join(f"{count} series refused: {DROP_REASONS[reason]}" for reason, count in sorted(dropped.items())) or None,
+                error_reason=max(dropped, key=dropped.__getitem__) if dropped else None,
                 duration_seconds=time.perf_counter() - start,
                 meta=facts,
             )
         except ScrapeError as exc:
             reading = self._failed(timestamp, start, exc.reason, str(exc))
         except asyncio.TimeoutError:
-            reading = self._failed(timestamp, start, "timeout", f"{self.metrics_url} did not answer within {self.timeout.total} s")
+            reading = self._failed(timestamp, start, "timeout", f"{self.shown_url} did not answer within {self.timeout.total} s")
         except aiohttp.ClientPayloadError as exc:
-            reading = self._failed(timestamp, start, "truncated", f"{self.metrics_url} sent a truncated page: {exc}")
+            reading = self._failed(timestamp, start, "truncated", f"{self.shown_url} sent a truncated page: {exc}")
         except aiohttp.ClientConnectionError as exc:
-            reading = self._failed(timestamp, start, "connect", f"cannot reach {self.metrics_url}: {exc}")
+            reading = self._failed(timestamp, start, "connect", f"cannot reach {self.shown_url}: {exc}")
         except aiohttp.ClientError as exc:
-            reading = self._failed(timestamp, start, "http", f"{self.metrics_url}: {exc}")
+            reading = self._failed(timestamp, start, "http", f"{self.shown_url}: {exc}")
         self._log_state_change(reading)
         return reading
 
     def _failed(self, timestamp: float, start: float, reason: str, message: str) -> Reading:
         self._version = None  # it may come back as another version
+        for secret in self._secrets:  # a client library's message may quote the URL it was given
+            message = message.replace(secret, "***")
         return Reading(VLLM_SOURCE, timestamp, False, error=message, error_reason=reason, duration_seconds=time.perf_counter() - start)
 
     def _log_state_change(self, reading: Reading) -> None:
@@ -243,7 +309,7 @@ class VllmSource:
         if state == self._last_state:
             return
         if state == "ok":
-            log.info("vLLM source: scraping %s (vLLM %s)", self.metrics_url, self._version or "version unknown")
+            log.info("vLLM source: scraping %s (vLLM %s)", self.shown_url, self._version or "version unknown")
         else:
             log.warning("vLLM source: %s [%s]", reading.error, state)
         self._last_state = state

@@ -1,0 +1,259 @@
+"""The defects a hostile review found, each kept fixed: bad values at the edge, a failing tick, the
+listener under slow and malformed clients, a backward clock, credentials in the URL, corrupt
+captures, bad config and CLI values, an unreachable vLLM in a one-shot diagnosis."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from vllm_triage import daemon as daemon_module
+from vllm_triage.capture import CaptureError, read_readings
+from vllm_triage.cli import main
+from vllm_triage.config import ConfigError, load
+from vllm_triage.sources.vllm import redact_url
+
+from tests.integration.conftest import get, start_sidecar
+
+from .pages import Counters, page
+from .test_outlets import families, saturated_daemon, serve_and_get
+from .test_vllm_source import free_port
+
+
+def strict_json(body: bytes) -> dict:
+    """JSON as JavaScript's JSON.parse reads it: NaN and Infinity are errors."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path):
+    """A real HTTP server (python -m http.server) serving whatever page the test writes to `metrics`."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)], stderr=subprocess.DEVNULL)
+    yield tmp_path / "metrics", port
+    server.kill()
+    server.wait()
+
+
+def test_infinite_values_never_freeze_evaluation_and_credentials_never_show(tmp_path, fake_vllm):
+    metrics, port = fake_vllm
+    text = page(3, 2, 0.5, Counters(preemptions=4))
+    metrics.write_text(text.replace('vllm:num_requests_running{engine="0",model_name="m"} 3', 'vllm:num_requests_running{engine="0",model_name="m"} +Inf'))
+    sidecar = start_sidecar(tmp_path, f"http://scraper:s3cret-pw@127.0.0.1:{port}", "sources: [vllm]\nscrape_interval_seconds: 0.5\ntick_seconds: 0.5\n")
+    try:
+
+        def evaluations() -> float:
+            return sidecar.metrics()["vllm_triage_evaluations"][0].value
+
+        def refused() -> float:
+            return sum(s.value for s in sidecar.metrics().get("vllm_triage_source_errors", []) if s.labels["reason"] == "non_finite_values")
+
+        sidecar.wait_for(lambda: refused() >= 2, 30, "pages with +Inf refused and counted")
+        first = evaluations()
+        sidecar.wait_for(lambda: evaluations() >= first + 3, 30, "evaluations going on")
+        status, body = get(sidecar.url + "/diagnosis")
+        diagnosis = strict_json(body)
+        assert status == 200 and get(sidecar.url + "/readyz")[0] == 200
+        assert diagnosis["sources"]["vllm"]["up"] is True
+        assert "infinite or out-of-range" in diagnosis["sources"]["vllm"]["last_error"]
+        assert next(c for c in diagnosis["conditions"] if c["condition"] == "queue_backlog")["state"] != "unknown"
+        # the user:password of --vllm-url appears nowhere a person or a scraper reads
+        for path in ("/diagnosis", "/report", "/metrics", "/"):
+            assert b"s3cret-pw" not in get(sidecar.url + path)[1], path
+        metrics.unlink()  # a 404: the error message names the URL
+        sidecar.wait_for(lambda: "HTTP 404" in str(sidecar.diagnosis()["sources"]["vllm"]["last_error"]), 30, "the 404")
+        assert "***@127.0.0.1" in sidecar.diagnosis()["sources"]["vllm"]["last_error"]
+        assert b"s3cret-pw" not in get(sidecar.url + "/diagnosis")[1]
+    finally:
+        sidecar.process.kill()
+        sidecar.process.wait()
+    assert b"s3cret-pw" not in sidecar.log_path.read_bytes()
+
+
+def test_redact_url_hides_userinfo_and_query_values():
+    assert redact_url("http://u:p@vllm:8000/metrics?token=abc&x=1") == "http://***@vllm:8000/metrics?token=***&x=***"
+    assert redact_url("http://[::1]:8000/") == "http://[::1]:8000/"
+    assert redact_url("http://vllm:8000") == "http://vllm:8000"
+
+
+def test_a_failing_tick_shows_in_readyz_and_a_counter_and_keeps_the_last_snapshot(monkeypatch):
+    daemon = saturated_daemon()
+    served = daemon.exposition.render(openmetrics=False)
+    monkeypatch.setattr(daemon.engine, "evaluate", lambda store, now: 1 / 0)
+    daemon._tick_if_fed()
+    (ready, metrics) = serve_and_get(daemon, [("/readyz", {}), ("/metrics", {})])
+    assert ready[0] == 503 and b"evaluation failing: ZeroDivisionError" in ready[2]
+    assert families(metrics[2].decode())["vllm_triage_evaluation_failures"].samples[0].value == 1
+    assert b"vllm_triage_condition_active" in metrics[2] and served
+    monkeypatch.undo()
+    daemon._tick_if_fed()
+    ((status, _, _),) = serve_and_get(daemon, [("/readyz", {})])
+    assert status == 200
+
+
+def sidecar_fds(pid: int) -> int:
+    return psutil.Process(pid).num_fds()
+
+
+def test_half_open_clients_are_capped_and_timed_out_and_metrics_keeps_answering(tmp_path):
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\nmax_connections: 20\nhttp_header_timeout_seconds: 1\n")
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    clients = []
+    baseline = sidecar_fds(sidecar.process.pid)
+    try:
+        for _ in range(200):  # half a request line each, never finished
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"GET /metr")
+            clients.append(client)
+        time.sleep(0.5)
+        assert sidecar_fds(sidecar.process.pid) <= baseline + 20 + 5, "connections over the cap are closed at once"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and get(sidecar.url + "/metrics", timeout=5)[0] != 200:
+            time.sleep(0.2)
+        assert get(sidecar.url + "/metrics", timeout=5)[0] == 200, "the header timeout frees the slots"
+        closed = 0
+        for client in clients:
+            client.settimeout(3)
+            try:
+                data = client.recv(1024)
+                closed += data == b"" or b"503" in data
+            except ConnectionResetError:
+                closed += 1
+        assert closed == len(clients), "every half-open connection was closed by the sidecar (503 over the cap, else the timeout)"
+        # a malformed request is one debug line, not a traceback per request
+        with socket.create_connection(("127.0.0.1", port)) as bad:
+            bad.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+            bad.settimeout(3)
+            assert b"400" in bad.recv(1024)
+    finally:
+        for client in clients:
+            client.close()
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=15)
+    assert b"Traceback" not in sidecar.log_path.read_bytes()
+
+
+def test_a_backward_wall_clock_step_neither_reorders_readings_nor_blinds_the_windows():
+    wall = {"t": 1_700_000_000.0}
+    monotonic = {"t": 100.0}
+    clock = daemon_module.steady_wall_clock(lambda: wall["t"], lambda: monotonic["t"])
+    first = clock()
+    wall["t"] -= 3600  # NTP steps the clock back an hour
+    monotonic["t"] += 2
+    assert clock() == first + 2
+    # the daemon and the one-shot commands use it by default
+    assert daemon_module.Daemon(load(env={})).clock is not time.time
+
+
+def write_capture(path, lines: list[str], header: str = '{"format":"vllm-triage-capture","version":1}') -> None:
+    with gzip.open(path, "wt") as handle:
+        handle.write(header + "\n")
+        for line in lines:
+            handle.write(line + "\n")
+
+
+GOOD = '{"source":"vllm","t":1000.0,"ok":true,"samples":[["vllm:num_requests_running",{"engine":"0","model_name":"m"},1]]}'
+
+
+@pytest.mark.parametrize(
+    ("lines", "header", "says"),
+    [
+        ([GOOD, GOOD.replace("1000.0", "1000000000000.0")], None, "a reading has a wrong timestamp"),
+        ([GOOD, GOOD.replace("1000.0", "-1e12")], None, "is not a time"),
+        ([GOOD, GOOD.replace("1000.0", "NaN")], None, "is not a time"),
+        ([GOOD, GOOD.replace("1000.0", "Infinity")], None, "is not a time"),
+        ([GOOD, "[1, 2, 3]"], None, "expected a JSON object"),
+        ([GOOD, GOOD.replace('{"engine":"0","model_name":"m"}', '["engine","0"]')], None, "a sample must be"),
+        ([GOOD], '{"format":"vllm-triage-capture","version":"1"}', "version '1'"),
+    ],
+)
+def test_a_corrupt_capture_is_one_clear_error(tmp_path, capsys, lines, header, says):
+    capture = tmp_path / "bad.jsonl.gz"
+    write_capture(capture, lines, *([header] if header else []))
+    with pytest.raises(CaptureError, match=says):
+        list(read_readings(capture))
+    for command in (["replay", str(capture)], ["diagnose", "--capture", str(capture)], ["serve", "--demo", "--demo-capture", str(capture)]):
+        assert main(command) == 2, command
+        assert says.split()[0] in capsys.readouterr().err
+
+
+def test_corrupt_deflate_data_is_one_clear_error(tmp_path, capsys):
+    capture = tmp_path / "bad.jsonl.gz"
+    write_capture(capture, [GOOD.replace("1000.0", str(1000.0 + i)).replace(",1]]", f",{i * 7919 % 1000}]]") for i in range(2000)])
+    data = bytearray(capture.read_bytes())
+    assert len(data) > 2000
+    data[-1000:-900] = b"\xff" * 100  # damage past the first readings
+    capture.write_bytes(bytes(data))
+    assert main(["replay", str(capture)]) in (0, 2)  # the readings before the damage, or a one-line error
+    data[20:120] = b"\xff" * 100  # damage before the first reading: nothing to replay
+    capture.write_bytes(bytes(data))
+    assert main(["replay", str(capture)]) == 2
+    assert "while decompressing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("max_series: .inf\n", "max_series"),
+        ("window_seconds: .inf\n", "window_seconds"),
+        ("window_seconds: .nan\n", "window_seconds"),
+        ("gpus: {a: 1}\n", "gpus"),
+        ("sources: [[vllm]]\n", "sources"),
+    ],
+)
+def test_bad_config_values_are_named_not_tracebacks(tmp_path, yaml_text, key):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load(str(config), env={})
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"window_seconds: 30\n# \xff\xfe\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999"])
+def test_bad_urls_are_named(capsys, url):
+    assert main(["serve", "--vllm-url", url]) == 2
+    assert "vllm_url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--seconds", "0"), ("--seconds", "-5"), ("--seconds", "nan"), ("--seconds", "inf"), ("--at", "nan"), ("--at", "inf"), ("--at", "-1")]
+)
+def test_bad_durations_are_refused(capsys, flag, value):
+    with pytest.raises(SystemExit) as exited:
+        main(["diagnose", "--capture", "demo", flag, value])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_diagnose_past_the_capture_end_says_so(capsys):
+    assert main(["diagnose", "--capture", "demo", "--at", "1e12"]) == 2
+    assert "past the capture's end" in capsys.readouterr().err
+
+
+def test_diagnose_of_an_unreachable_vllm_reports_the_outage_and_fails(capsys):
+    assert main(["diagnose", "--vllm-url", f"http://127.0.0.1:{free_port()}", "--seconds", "2", "--sources", "vllm"]) == 1
+    out = capsys.readouterr().out
+    assert "NOTHING WRONG FOUND" not in out
+    assert "vllm_unreachable" in out.split("WHAT IS WRONG")[1].split("\n")[1]
+
+
+def test_sighup_exits_cleanly(tmp_path):
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\n")
+    sidecar.process.send_signal(1)
+    assert sidecar.process.wait(timeout=15) == 0
