@@ -1,0 +1,191 @@
+"""A real vLLM on the GPU machine, driven through scenarios whose truth is written down before the run
+(SCENARIOS), recorded by the sidecar with all four sources. Runs on the device after
+tests/gpu/stage_vllm.sh's payload is unpacked (/tmp/site: vLLM 0.26.0 and what it needs):
+
+    python3 -m tests.gpu.real_vllm OUT_DIR SCENARIO [SCENARIO ...]
+
+Each scenario starts vLLM with its model and flags, records `OUT_DIR/<scenario>.jsonl.gz` (the capture,
+its phases in the header and in `<scenario>.json`) while a bounded load drives the phases, saves vLLM's
+own /metrics page at the end of each loaded phase, and stops vLLM. The captures replay in CI
+(tests/unit/test_real_vllm_captures.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_triage.capture import CaptureWriter
+from vllm_triage.cli import observe
+from vllm_triage.config import load
+
+from tests.integration.load import run_load
+
+PORT = 8000
+URL = f"http://127.0.0.1:{PORT}"
+MODELS = Path("/tmp/models")
+SITE = "/tmp/site"  # vLLM and its dependencies, unpacked by the staging payload
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    clients: int = 0
+    prompt_words: int = 0
+    max_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: str  # a key of MODEL_SHAPES
+    flags: tuple[str, ...]
+    phases: tuple[Phase, ...]
+    truth: str  # what each phase must show, written before the run
+
+
+SCENARIOS = {
+    # The demo: a 1B Llama with a 48-block KV cache (block 16: 768 tokens), max 32 sequences.
+    # Phase lengths let every verdict rise and clear at the default settings.
+    "serving": Scenario(
+        "1b",
+        ("--max-num-seqs", "32", "--num-gpu-blocks-override", "48", "--block-size", "16"),
+        (
+            Phase("idle", 30),
+            Phase("underload", 190, 2, 40, 160),
+            Phase("kv_saturation", 190, 40, 40, 160),
+            Phase("recovery", 150),
+        ),
+        "idle: nothing. underload: 2 of 32 running, nothing waiting, SMs mostly idle -> client_underload, unless the "
+        "engine core's thread is saturated with idle SMs, then gpu_starved leads and underload is suppressed. "
+        "kv_saturation: kv_cache_saturated primary, queue_backlog cause kv_capacity, preemption_storm; no "
+        "kv_fragmentation_suspected. recovery: everything clears.",
+    ),
+    # The engine core's Python loop is the limit: a tiny model, many short requests.
+    "cpu_bound": Scenario(
+        "tiny",
+        ("--max-num-seqs", "256"),
+        (Phase("idle", 15), Phase("cpu_bound", 100, 128, 8, 16), Phase("idle", 15)),
+        "cpu_bound: gpu_starved naming the engine core's main thread; no compute_bound or memory_bandwidth_bound.",
+    ),
+    # The GPU does the work: long prompts (prefill), then a big decode batch.
+    "gpu_heavy": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (Phase("prefill_heavy", 70, 32, 900, 1), Phase("decode_heavy", 80, 128, 16, 400), Phase("idle", 10)),
+        "prefill_heavy: SM activity and tensor activity well above decode's; decode_heavy: DRAM bandwidth above "
+        "prefill's. Whether either crosses compute_bound's or memory_bandwidth_bound's thresholds is what this "
+        "run measures (eager mode, one 1B model).",
+    ),
+}
+
+
+MODEL_SHAPES = {  # Llama configs; the word-level tokenizer of the staging payload (vocab 768)
+    "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+}
+
+
+def make_model(kind: str, staged: Path) -> Path:
+    """A Llama with random bf16 weights, made here with transformers (nothing to download), and the
+    staged tokenizer."""
+    target = MODELS / kind
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (target / name).write_bytes((staged / name).read_bytes())
+    config = LlamaConfig(vocab_size=768, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **MODEL_SHAPES[kind])
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(target)
+    print(f"made the {kind} model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters", flush=True)
+    return target
+
+
+def start_vllm(model: Path, flags: tuple[str, ...], log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": SITE,
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not staged
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny"]
+    command += ["--port", str(PORT), "--max-model-len", "1024", "--enforce-eager", "--gpu-memory-utilization", "0.5", *flags]
+    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited ({process.returncode}): {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(URL + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return process
+        except OSError:
+            pass
+        time.sleep(1)
+    process.kill()
+    raise RuntimeError(f"vLLM not ready in 300 s: {log.read_text()[-3000:]}")
+
+
+def save_page(path: Path) -> None:
+    with urllib.request.urlopen(URL + "/metrics", timeout=10) as response:
+        path.write_bytes(response.read())
+
+
+async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]]) -> None:
+    for phase in scenario.phases:
+        marks.append((phase.name, time.time()))
+        print(f"{time.strftime('%H:%M:%S')} {name}: phase {phase.name} ({phase.seconds:.0f} s, {phase.clients} clients)", flush=True)
+        if phase.clients:
+            result = await run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+            await asyncio.to_thread(save_page, out / f"{name}-{phase.name}.metrics.txt")
+            print(f"  {result}", flush=True)
+        else:
+            await asyncio.sleep(phase.seconds)
+    marks.append(("end", time.time()))
+
+
+async def record(scenario: Scenario, name: str, out: Path) -> None:
+    config = load(env={}, flags={"vllm_url": URL})
+    seconds = sum(p.seconds for p in scenario.phases) + 20  # requests in flight finish after a phase ends
+    marks: list[tuple[str, float]] = []
+    description = {"scenario": name, "flags": list(scenario.flags), "model": scenario.model, "truth": scenario.truth, "created": time.time()}
+    with CaptureWriter(out / f"{name}.jsonl.gz", description) as writer:
+        await asyncio.gather(observe(config, seconds, writer), drive(scenario, name, out, marks))
+    (out / f"{name}.json").write_text(json.dumps(marks))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    staged = Path(os.environ.get("STAGED_MODEL", "/tmp/staged-model"))
+    for name in sys.argv[2:]:
+        scenario = SCENARIOS[name]
+        model = make_model(scenario.model, staged)
+        server = start_vllm(model, scenario.flags, out / f"{name}-vllm.log")
+        print(f"{time.strftime('%H:%M:%S')} {name}: vLLM ready", flush=True)
+        try:
+            asyncio.run(record(scenario, name, out))
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        print(f"{time.strftime('%H:%M:%S')} {name}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
