@@ -56,7 +56,7 @@ SCENARIOS = {
     # Phase lengths let every verdict rise and clear at the default settings.
     "serving": Scenario(
         "1b",
-        ("--max-num-seqs", "32", "--num-gpu-blocks-override", "48", "--block-size", "16"),
+        ("--max-num-seqs", "32", "--num-gpu-blocks-override", "48", "--block-size", "16", "--max-model-len", "512"),
         (
             Phase("idle", 30),
             Phase("underload", 190, 2, 40, 160),
@@ -122,7 +122,8 @@ def start_vllm(model: Path, flags: tuple[str, ...], log: Path) -> subprocess.Pop
         "VLLM_NO_USAGE_STATS": "1",
     }
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny"]
-    command += ["--port", str(PORT), "--max-model-len", "1024", "--enforce-eager", "--gpu-memory-utilization", "0.5", *flags]
+    length = () if "--max-model-len" in flags else ("--max-model-len", "1024")  # 48 blocks of 16 hold only 768 tokens
+    command += ["--port", str(PORT), *length, "--enforce-eager", "--gpu-memory-utilization", "0.5", *flags]
     process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
