@@ -17,7 +17,16 @@ def names(samples):
     return {name for name, _ in samples}
 
 
-@pytest.mark.parametrize("capture", ["vllm-0.32.0-cpu-idle.metrics.txt", "vllm-0.32.0-cpu-kv-saturated.metrics.txt"])
+# vLLM 0.32.0 on the CPU here, 0.26.0 on the H200 (tests/gpu/real_vllm.py): both versions' names.
+REAL_PAGES = [
+    "vllm-0.32.0-cpu-idle.metrics.txt",
+    "vllm-0.32.0-cpu-kv-saturated.metrics.txt",
+    "vllm-0.26.0-h200-kv-saturated.metrics.txt",
+    "vllm-0.26.0-h200-decode.metrics.txt",
+]
+
+
+@pytest.mark.parametrize("capture", REAL_PAGES)
 def test_real_capture_parses_to_vllm_series_without_created(capture):
     samples, facts = parse_page((FIXTURES / capture).read_text())
     assert "vllm:kv_cache_usage_perc" in names(samples)
@@ -34,6 +43,22 @@ def test_saturated_capture_reads_as_saturated():
     values = {n: v for (n, _), v in samples.items()}
     assert values["vllm:kv_cache_usage_perc"] == 1.0
     assert values["vllm:num_requests_waiting"] > 0
+
+
+def test_every_family_the_signals_read_is_on_both_versions_real_pages():
+    """The version alias table against real pages of 0.26.0 (H200) and 0.32.0 (CPU): every vLLM family a
+    signal reads is there under today's name, whatever the version."""
+    read = {
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+        "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:cache_config_info",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_sum",
+        "vllm:request_decode_time_seconds_sum", "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_sum",
+    }  # fmt: skip
+    for capture in ("vllm-0.32.0-cpu-kv-saturated.metrics.txt", "vllm-0.26.0-h200-kv-saturated.metrics.txt"):
+        samples, facts = parse_page((FIXTURES / capture).read_text())
+        assert read <= names(samples), (capture, sorted(read - names(samples)))
+        assert "old_names" not in facts, capture
 
 
 def test_v0_names_are_renamed_to_todays():

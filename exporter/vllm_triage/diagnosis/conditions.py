@@ -64,13 +64,25 @@ def _kv_cache_saturated(j: Judge) -> Term:
     # and someone waiting or preempted.
     usage = all_of(
         j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0),
-        j.compare("kv_cache_usage_ratio_max", ">=", "usage_peak_min", "KV cache usage (window peak)", upper=1.0),
+        j.compare(
+            "kv_cache_usage_ratio_max", ">=", "usage_peak_min", "KV cache usage (window peak)", upper=1.0, limit=_full_within_a_block(j, "usage_peak_min")
+        ),
     )
     pressure = any_of(
         j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
         j.compare("preemptions_per_second", ">", "preemptions_per_second_min", "preemptions per second"),
     )
     return all_of(usage, pressure)
+
+
+def _full_within_a_block(j: Judge, threshold: str) -> float | None:
+    """A peak threshold no stricter than "one block free": usage moves in steps of one block, and a
+    small saturated cache (47 blocks on a real H200 run: steps of 0.021) is rarely sampled at 1.0."""
+    one_block = j.signals.get("kv_cache_one_block_below_full_ratio")
+    if one_block is None or one_block >= j.thresholds[threshold]:
+        return None
+    j.note(f"full is judged within one KV block: {one_block:.3f} is one block below full", "kv_cache_one_block_below_full_ratio", one_block)
+    return one_block - 1e-9
 
 
 def _queue_backlog(j: Judge) -> Term:
@@ -84,7 +96,7 @@ def _queue_backlog(j: Judge) -> Term:
             usage is not None
             and peak is not None
             and usage >= j.thresholds["kv_usage_for_capacity_cause"]
-            and peak >= j.thresholds["kv_peak_for_capacity_cause"]
+            and peak >= min(j.thresholds["kv_peak_for_capacity_cause"], (j.signals.get("kv_cache_one_block_below_full_ratio") or 1.0) - 1e-9)
         ):
             j.cause = "kv_capacity"
             j.note(
@@ -195,6 +207,11 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
     queried = j.compare("prefix_cache_queries_per_second", ">", "queries_per_second_min", "prefix-cache queries per second")
     if queried.holds is not True:
         return queried
+    # Only a cache that has hit before and stopped hitting is ineffective; one that never hit serves
+    # prompts that share no prefix (random or unique prompts), which is expected, not a fault.
+    ever = j.value("prefix_cache_hits_since_start")
+    if ever is not None and ever <= 0:
+        return j.fact(False, "no prompt has reused a cached prefix since vLLM started: expected for unique prompts", "prefix_cache_hits_since_start", ever)
     return j.compare("prefix_cache_hit_ratio", "<", "hit_ratio_max", "prefix-cache hit ratio", upper=1.0)
 
 
@@ -448,11 +465,12 @@ CONDITIONS: tuple[Condition, ...] = (
         id="prefix_cache_ineffective",
         layer="1",
         severity="info",
-        summary="Prefix caching is on but almost never hits",
-        meaning="Prompts share no prefix, or pressure evicts cached blocks before reuse.",
+        summary="Prefix caching stopped hitting",
+        meaning="The prefix cache has hit since vLLM started but now almost never does: pressure evicts cached blocks before reuse, or the traffic changed.",
         next_actions=(
-            "Check whether prompts share a common prefix (system prompt, few-shot examples) at all.",
-            "If they do, KV pressure evicts them: see kv_cache_saturated.",
+            "The cache hit before and stopped: KV pressure evicts the shared prefixes (see kv_cache_saturated), or the "
+            "traffic changed (a new system prompt, a router that no longer keeps a user's requests on this replica).",
+            "Never judged on a cache that never hit: that is expected for unique prompts.",
         ),
         predicate=_prefix_cache_ineffective,
         thresholds=(

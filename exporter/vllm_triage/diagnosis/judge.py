@@ -75,9 +75,13 @@ class Judge:
             self.missing.append(signal)
         return value
 
-    def compare(self, signal: str, comparison: str, threshold: str, what: str, unit: str = "", upper: float | None = None) -> Term:
-        """`signal comparison thresholds[threshold]`, e.g. ("kv_cache_usage_ratio_mean", ">=", "usage_min")."""
-        limit = self.thresholds[threshold]
+    def compare(self, signal: str, comparison: str, threshold: str, what: str, unit: str = "", upper: float | None = None, limit: float | None = None) -> Term:
+        """`signal comparison thresholds[threshold]`, e.g. ("kv_cache_usage_ratio_mean", ">=", "usage_min");
+        `limit` replaces the threshold's value where the evidence itself says what it must be (the text says so)."""
+        if limit is None:
+            limit = self.thresholds[threshold]
+        else:
+            threshold = f"{threshold}, adjusted"
         value = self.value(signal)
         if value is None:
             self.evidence.append(Evidence(signal, None, limit, comparison, None, f"{what}: no data", self.scope))

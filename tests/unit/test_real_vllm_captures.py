@@ -1,0 +1,146 @@
+"""Every verdict on a real vLLM 0.26.0 serving on the H200, recorded with all four sources
+(tests/gpu/real_vllm.py, whose SCENARIOS hold the truth written before the run) and replayed here.
+
+- serving: a 1B random Llama, 48 KV blocks of 16, max 32 sequences: idle, 2 clients, 40 clients, recovery.
+- cpu_bound: a tiny Llama, 128 clients of 8-word prompts and 16 tokens: the engine core's Python loop is the limit.
+- gpu_heavy: the 1B Llama, 32 clients of 900-word prompts (prefill), then 128 clients of 400 tokens (decode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from vllm_triage.capture import read_description, read_readings
+from vllm_triage.config import Config, load
+from vllm_triage.daemon import replay
+from vllm_triage.diagnosis.conditions import CONDITIONS
+
+from tests.gpu.truth import check, read_phases
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ALL = {c.id for c in CONDITIONS}
+
+
+def capture(name: str) -> tuple[Path, list[tuple[str, float, float]]]:
+    return DATA / f"real-vllm-h200-{name}.jsonl.gz", read_phases(DATA / f"real-vllm-h200-{name}.json")
+
+
+def short_settings(tmp_path: Path) -> Config:
+    """20 s windows, 2 s for/clear_for: phases of 70-190 s get a long steady part."""
+    path = tmp_path / "short.yaml"
+    path.write_text("window_seconds: 20\ntick_seconds: 2\nconditions:\n" + "".join(f"  {c}: {{for_seconds: 2, clear_for_seconds: 2}}\n" for c in sorted(ALL)))
+    return load(str(path), env={})
+
+
+# phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
+SERVING = {
+    "idle": (set(), ALL),
+    # 2 of 32 running, SMs at ~0.04, the engine core's main thread at ~0.98 of a core: starvation leads,
+    # underload is suppressed by it (one story), nothing fragments, random prompts are no cache fault
+    "underload": ({"gpu_starved"}, {"client_underload", "kv_fragmentation_suspected", "prefix_cache_ineffective", "kv_cache_saturated"}),
+    "kv_saturation": (
+        {"kv_cache_saturated", "preemption_storm", "ttft_high"},
+        {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "compute_bound", "memory_bandwidth_bound"},
+    ),
+    "recovery": (set(), ALL),
+}
+CPU_BOUND = {"cpu_bound": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "kv_fragmentation_suspected", "prefix_cache_ineffective"})}
+GPU_HEAVY = {
+    "prefill_heavy": ({"compute_bound"}, {"gpu_starved", "memory_bandwidth_bound", "gpu_busy_not_computing", "prefix_cache_ineffective"}),
+    # eager decode of a 1B model at ~94 sequences: kernel launches, not DRAM, are the limit (SM ~0.1, DRAM ~0.06)
+    "decode_heavy": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "prefix_cache_ineffective"}),
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), [("serving", SERVING), ("cpu_bound", CPU_BOUND), ("gpu_heavy", GPU_HEAVY)])
+def test_each_phase_of_the_real_engine_gets_its_verdicts(tmp_path, name, expected):
+    path, phases = capture(name)
+    assert read_description(path)["truth"], "the truth was written into the capture before the run"
+    problems = check(path, phases, short_settings(tmp_path), expected)
+    assert not problems, "\n".join(problems[:20])
+
+
+def replayed(name: str, config: Config) -> list:
+    path, _ = capture(name)
+    snapshots: list = []
+    replay(list(read_readings(path)), config, snapshots.append)
+    return snapshots
+
+
+def in_phase(snapshots: list, phases, name: str, settle: float = 0.0) -> list:
+    start, end = next((s, e) for n, s, e in phases if n == name)
+    return [s for s in snapshots if start + settle <= s.timestamp <= end]
+
+
+def verdict(snapshot, condition: str):
+    return next(v for v in snapshot.verdicts if v.condition == condition)
+
+
+def test_saturation_primary_and_cause_and_one_story(tmp_path):
+    _, phases = capture("serving")
+    steady = in_phase(replayed("serving", short_settings(tmp_path)), phases, "kv_saturation", settle=24)
+    assert {s.primary for s in steady} == {"kv_cache_saturated"}
+    assert all(verdict(s, "queue_backlog").cause == "kv_capacity" for s in steady if verdict(s, "queue_backlog").active)
+    assert all(verdict(s, "gpu_starved").role == "secondary" for s in steady if verdict(s, "gpu_starved").active)
+
+
+def test_a_small_cache_is_full_within_one_block_not_only_at_exactly_one(tmp_path):
+    """48 blocks (47 usable): usage moves in steps of 1/47, and 20 s windows peaked at 46/47 = 0.979 while
+    35 requests waited and ~6.5 preemptions/s ran. Full is judged within one block."""
+    _, phases = capture("serving")
+    steady = in_phase(replayed("serving", short_settings(tmp_path)), phases, "kv_saturation", settle=24)
+    peaks = [s.signals["tiny/0"]["kv_cache_usage_ratio_max"] for s in steady]
+    assert min(peaks) < 0.99, "the capture must hold windows that never sampled a full cache"
+    assert all(verdict(s, "kv_cache_saturated").active for s in steady)
+    below = next(s for s in steady if s.signals["tiny/0"]["kv_cache_usage_ratio_max"] < 0.99)
+    assert any("within one KV block" in e.text for e in verdict(below, "kv_cache_saturated").evidence)
+
+
+def test_queue_time_quantiles_stay_within_what_the_mean_allows(tmp_path):
+    """No queue at all (mean 15 us) must not read as p50 0.15 s / p95 0.285 s (interpolation over the
+    whole first bucket, 0-0.3 s): a quantile of non-negative values is at most mean / (1 - q)."""
+    _, phases = capture("serving")
+    for snapshot in in_phase(replayed("serving", short_settings(tmp_path)), phases, "underload", settle=24):
+        values = snapshot.signals["tiny/0"]
+        mean = values["queue_time_seconds_mean"]
+        assert mean < 0.001
+        assert values["queue_time_seconds_p50"] <= 2 * mean + 1e-12 and values["queue_time_seconds_p95"] <= 20 * mean + 1e-12
+
+
+def test_live_token_ratio_never_reads_impossible(tmp_path):
+    for name in ("serving", "gpu_heavy", "cpu_bound"):
+        for snapshot in replayed(name, short_settings(tmp_path)):
+            value = snapshot.signals.get("tiny/0", {}).get("kv_live_token_ratio")
+            assert value is None or 0 <= value <= 1, (name, value)
+
+
+def test_a_stale_underload_verdict_clears_when_the_incident_starts():
+    """With gpu_starved off (a sidecar without GPU access) underload leads the 2-client phase; when 40
+    clients arrive and requests wait, it clears at once, not after its 60 s clear_for."""
+    config = load(env={})
+    config = dataclasses.replace(config, conditions={**config.conditions, "gpu_starved": dataclasses.replace(config.conditions["gpu_starved"], enabled=False)})
+    _, phases = capture("serving")
+    snapshots = replayed("serving", config)
+    assert verdict(in_phase(snapshots, phases, "underload")[-1], "client_underload").active
+    saturation = in_phase(snapshots, phases, "kv_saturation")
+    cleared = next(s for s in saturation if not verdict(s, "client_underload").active)
+    assert cleared.timestamp - saturation[0].timestamp <= 15
+    assert any("cleared at once" in e.text for e in verdict(cleared, "client_underload").evidence)
+
+
+def test_default_settings_detect_within_window_plus_for_and_never_cry_wolf():
+    """The demo's settings (60 s window, each condition's own for): every true verdict of a loaded phase
+    is active within its window + for + two ticks; no false verdict at any time."""
+    config = load(env={})
+    _, phases = capture("serving")
+    snapshots = replayed("serving", config)
+    for phase, conditions in (("underload", ("gpu_starved",)), ("kv_saturation", ("kv_cache_saturated", "queue_backlog", "preemption_storm"))):
+        during = in_phase(snapshots, phases, phase)
+        for condition in conditions:
+            limit = config.window_seconds + config.conditions[condition].for_seconds + 2 * config.tick_seconds
+            first = next((s for s in during if verdict(s, condition).active), None)
+            assert first is not None and first.timestamp - during[0].timestamp <= limit, (phase, condition)
+    never = {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "request_errors", "gpu_throttled", "pcie_link_degraded"}
+    assert not [(verdict(s, c).condition, s.timestamp) for s in snapshots for c in never if verdict(s, c).active]
