@@ -1,6 +1,7 @@
 """How long the default settings take to raise and to clear each verdict, on real vLLM data: replays
-the bundled demo capture (a real vLLM, CPU build, driven through idle / client underload / KV-cache
-saturation / recovery; tests/integration/record_demo.py) on the virtual clock and reports every
+the bundled demo capture (a real vLLM 0.26.0 on an H200 with all four sources, driven through idle /
+client underload / KV-cache saturation / recovery; tests/gpu/real_vllm.py, scenario serving) on the
+virtual clock and reports every
 transition against the phase it happened in. Prints a table; enforces nothing.
 
     .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE]

@@ -162,7 +162,15 @@ async def record(scenario: Scenario, name: str, out: Path) -> None:
     config = load(env={}, flags={"vllm_url": URL})
     seconds = sum(p.seconds for p in scenario.phases) + 20  # requests in flight finish after a phase ends
     marks: list[tuple[str, float]] = []
-    description = {"scenario": name, "flags": list(scenario.flags), "model": scenario.model, "truth": scenario.truth, "created": time.time()}
+    description = {
+        "scenario": name,
+        "flags": list(scenario.flags),
+        "model": scenario.model,
+        "phases": [[p.name, p.seconds, p.clients] for p in scenario.phases],
+        "truth": scenario.truth,
+        "vllm_url": URL,
+        "created": time.time(),
+    }
     with CaptureWriter(out / f"{name}.jsonl.gz", description) as writer:
         await asyncio.gather(observe(config, seconds, writer), drive(scenario, name, out, marks))
     (out / f"{name}.json").write_text(json.dumps(marks))

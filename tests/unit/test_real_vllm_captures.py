@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from vllm_triage.capture import read_description, read_readings
+from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config, load
 from vllm_triage.daemon import replay
 from vllm_triage.diagnosis.conditions import CONDITIONS
@@ -24,7 +24,9 @@ ALL = {c.id for c in CONDITIONS}
 
 
 def capture(name: str) -> tuple[Path, list[tuple[str, float, float]]]:
-    return DATA / f"real-vllm-h200-{name}.jsonl.gz", read_phases(DATA / f"real-vllm-h200-{name}.json")
+    # the serving capture is the bundled demo (`make run`): one copy, in the package
+    path = demo_capture_path() if name == "serving" else DATA / f"real-vllm-h200-{name}.jsonl.gz"
+    return path, read_phases(DATA / f"real-vllm-h200-{name}.json")
 
 
 def short_settings(tmp_path: Path) -> Config:
