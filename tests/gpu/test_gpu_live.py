@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.sources.gpu import GpuSource
 
-from .truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config, write_phases
+from .truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config, write_phases
 
 pytestmark = pytest.mark.gpu
 PHASES = ("idle:15", "compute:30", "copy_d2d:30", "copy_h2d:30", "copy_h2d_only:30", "starved:30", "mixed:36", "idle:15")
@@ -55,21 +55,19 @@ def test_every_gpu_verdict_matches_the_workload(tmp_path):
 
 
 SERVING_PHASES = ("idle:20", "starved:45", "compute:45", "idle:10")
+CAUSE_PHASES = ("idle:10", "starved:30", "launch:30", "pageable:30", "matmul_fp32:30", "matmul_fp64:30", "elementwise:30", "bursty:30", "idle:8")
 
 
-def test_gpu_starved_names_the_engine_core_and_only_when_the_gpu_waits(tmp_path):
-    """The host layer end to end: the sidecar finds the serving loop as vLLM's engine core by its
-    title, samples its threads and GIL, reads the GPU it uses, and judges gpu_starved per phase."""
-    out = Path(os.environ.get("GPU_CAPTURE_DIR", tmp_path))
-    capture = out / "gpu-starved-h200.jsonl.gz"
-    port = "18123"
-    seconds = sum(float(p.split(":")[1]) for p in SERVING_PHASES) + 12
+def record_serving_loop(out: Path, name: str, phases: tuple[str, ...], port: str) -> Path:
+    """Record all four sources next to tests/gpu/serving.py titled VLLM::EngineCore; returns the phase file."""
+    capture = out / f"{name}.jsonl.gz"
+    seconds = sum(float(p.split(":")[1]) for p in phases) + 12
     # Under another argv[0] a venv's python no longer finds its venv: hand it the site-packages.
     path = os.pathsep.join([str(REPO / "exporter"), str(REPO), *site.getsitepackages()])
     env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "0"}
-    errors = (out / "serving-loop.log").open("w")
+    errors = (out / f"{name}-loop.log").open("w")
     loop = subprocess.Popen(
-        ["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -m tests.gpu.serving {port} {' '.join(SERVING_PHASES)}"],
+        ["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -m tests.gpu.serving {port} {' '.join(phases)}"],
         stdout=subprocess.PIPE,
         stderr=errors,
         text=True,
@@ -87,11 +85,27 @@ def test_gpu_starved_names_the_engine_core_and_only_when_the_gpu_waits(tmp_path)
     )
     marks, _ = loop.communicate(timeout=60)
     assert recorder.returncode == 0
-    phase_file = out / "gpu-starved-h200.json"
+    phase_file = out / f"{name}.json"
     write_phases(marks, phase_file)
-    ran = [name for name, _, _ in read_phases(phase_file)]
-    assert ran == [p.split(":")[0] for p in SERVING_PHASES], (out / "serving-loop.log").read_text()[-2000:]
-    problems = check(capture, read_phases(phase_file), replay_config(tmp_path, STARVED_REPLAY_CONFIG), STARVED_EXPECTED)
+    ran = [phase for phase, _, _ in read_phases(phase_file)]
+    assert ran == [p.split(":")[0] for p in phases], (out / f"{name}-loop.log").read_text()[-2000:]
+    return phase_file
+
+
+def test_each_starvation_and_compute_cause_is_named(tmp_path):
+    """Python between launches, launch overhead, pageable copies; CUDA cores vs tensor cores."""
+    out = Path(os.environ.get("GPU_CAPTURE_DIR", tmp_path))
+    phase_file = record_serving_loop(out, "gpu-causes-h200", CAUSE_PHASES, "18124")
+    problems = check_causes(out / "gpu-causes-h200.jsonl.gz", read_phases(phase_file), replay_config(tmp_path, STARVED_REPLAY_CONFIG))
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_gpu_starved_names_the_engine_core_and_only_when_the_gpu_waits(tmp_path):
+    """The host layer end to end: the sidecar finds the serving loop as vLLM's engine core by its
+    title, samples its threads and GIL, reads the GPU it uses, and judges gpu_starved per phase."""
+    out = Path(os.environ.get("GPU_CAPTURE_DIR", tmp_path))
+    phase_file = record_serving_loop(out, "gpu-starved-h200", SERVING_PHASES, "18123")
+    problems = check(out / "gpu-starved-h200.jsonl.gz", read_phases(phase_file), replay_config(tmp_path, STARVED_REPLAY_CONFIG), STARVED_EXPECTED)
     assert not problems, "\n".join(problems[:20])
 
 

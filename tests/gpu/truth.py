@@ -60,6 +60,26 @@ STARVED_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
 }
 STARVED_REPLAY_CONFIG = REPLAY_CONFIG + "  gpu_starved: {for_seconds: 2, clear_for_seconds: 2}\n"
 
+# The causes (tests/gpu/serving.py running more workloads): phase -> {condition: cause it must report}
+# while active, and the conditions that must be active.
+CAUSES_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "idle": (set(), {"gpu_starved", "compute_bound", "memory_bandwidth_bound"}),
+    "starved": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound"}),
+    "launch": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound"}),
+    "pageable": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound"}),
+    "matmul_fp32": ({"compute_bound"}, {"gpu_starved", "memory_bandwidth_bound"}),
+    "matmul_fp64": ({"compute_bound"}, {"gpu_starved", "memory_bandwidth_bound"}),
+    "elementwise": ({"memory_bandwidth_bound"}, {"gpu_starved", "compute_bound"}),
+    "bursty": (set(), {"compute_bound", "memory_bandwidth_bound", "gpu_busy_not_computing"}),
+}
+CAUSES: dict[str, tuple[str, str]] = {
+    "starved": ("gpu_starved", "python"),
+    "launch": ("gpu_starved", "launch_overhead"),
+    "pageable": ("gpu_starved", "pageable_copies"),
+    "matmul_fp32": ("compute_bound", "cuda_cores"),
+    "matmul_fp64": ("compute_bound", "tensor_cores"),
+}
+
 
 def check(capture: Path, phases: list[tuple[str, float, float]], config: Config, expected: dict[str, tuple[set[str], set[str]]] = EXPECTED) -> list[str]:
     """Replay the capture; in the steady part of each phase (after one window and `for`), every
@@ -90,4 +110,21 @@ def check(capture: Path, phases: list[tuple[str, float, float]], config: Config,
     for name, _, _ in phases:
         if name in expected and not seen.get(name):
             problems.append(f"{name}: no steady evaluation inside the phase (too short for the window?)")
+    return problems
+
+
+def check_causes(capture: Path, phases: list[tuple[str, float, float]], config: Config) -> list[str]:
+    """check() with CAUSES_EXPECTED, and each phase's cause reported by its condition at every steady tick."""
+    problems = check(capture, phases, config, CAUSES_EXPECTED)
+    settle = config.window_seconds + 4
+
+    def on_tick(snapshot):  # type: ignore[no-untyped-def]
+        phase = next((n for n, s, e in phases if s + settle <= snapshot.timestamp <= e - 1), None)
+        if phase in CAUSES:
+            condition, cause = CAUSES[phase]
+            verdict = next(v for v in snapshot.verdicts if v.condition == condition)
+            if verdict.active and verdict.cause != cause:
+                problems.append(f"{phase}: {condition} reports cause {verdict.cause}, expected {cause}")
+
+    replay(list(read_readings(capture)), config, on_tick)
     return problems

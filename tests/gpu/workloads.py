@@ -12,6 +12,12 @@ Each phase is one kind of truth (REFERENCE.md §4 has what NVML/GPM read for the
   pcie_saturated (and gpu_busy_not_computing).
 - starved: tiny kernels with Python work between launches: the GPU waits on the CPU.
 - mixed: compute and starved alternating every 3 s: util.gpu swings.
+- matmul_fp32: fp32 8k matmuls with TF32 off: SMs busy, tensor cores idle -> compute_bound, cause cuda_cores.
+- matmul_fp64: fp64 4k matmuls: FP64 tensor cores count as tensor activity -> compute_bound, cause tensor_cores.
+- elementwise: fp32 multiply-add over 8 GiB in place: DRAM near its limit -> memory_bandwidth_bound.
+- pageable: host->device copies of 512 MiB from pageable memory: one CPU thread stages them, the SMs idle.
+- launch: tiny `add_` kernels back to back: the launching thread is saturated while the GIL is mostly free.
+- bursty: a second of bf16 matmuls every 10 s: util.gpu swings around a low mean.
 It prints one line per phase start (`phase NAME at UNIX_TIME`) so a recording can be cut by phase.
 """
 
@@ -65,6 +71,42 @@ def run_phase(name: str, seconds: float) -> None:
         while time.time() < deadline:
             run_phase("compute", min(3.0, deadline - time.time()))
             run_phase("starved", min(3.0, max(0.0, deadline - time.time())))
+        return
+    if name in ("matmul_fp32", "matmul_fp64"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        size, dtype = (8192, torch.float32) if name == "matmul_fp32" else (4096, torch.float64)
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+        while time.time() < deadline:
+            for _ in range(4):
+                torch.mm(a, b)
+            torch.cuda.synchronize()
+        return
+    if name == "elementwise":
+        x = torch.ones(2 << 30, dtype=torch.float32, device=device)
+        while time.time() < deadline:
+            for _ in range(10):
+                x.mul_(1.0001).add_(0.0001)
+            torch.cuda.synchronize()
+        return
+    if name == "pageable":
+        host = torch.ones(512 << 20, dtype=torch.uint8)  # not pinned: the driver stages it through a bounce buffer
+        gpu = torch.empty(512 << 20, dtype=torch.uint8, device=device)
+        while time.time() < deadline:
+            gpu.copy_(host)
+        torch.cuda.synchronize()
+        return
+    if name == "launch":
+        x = torch.zeros(16, device=device)
+        while time.time() < deadline:
+            for _ in range(1000):
+                x.add_(1.0)
+        torch.cuda.synchronize()
+        return
+    if name == "bursty":
+        while time.time() < deadline:
+            run_phase("compute", min(1.0, deadline - time.time()))
+            time.sleep(min(9.0, max(0.0, deadline - time.time())))
         return
     if name == "starved":
         x = torch.randn(64, device=device)

@@ -11,7 +11,7 @@ from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.daemon import replay
 
-from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, read_phases, replay_config
+from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CAPTURES = sorted(DATA.glob("gpu-h200-*.jsonl.gz"))
@@ -95,3 +95,12 @@ def test_gpu_starved_on_the_h200_names_the_engine_core_and_stays_silent_when_the
     named = [re.search(r'^engine_core 0 \(pid \d+\): busiest thread "python" \(main thread\) at ([\d.]+) of a core', t) for t in texts]
     assert any(m and float(m.group(1)) >= 0.85 for m in named), texts
     assert any("hot while holding the GIL: run_phase" in t and "(workloads.py)" in t for t in texts), texts
+
+
+def test_each_starvation_and_compute_cause_is_named_on_the_h200(tmp_path):
+    """Recorded on the H200 (tests/gpu/test_gpu_live.py -k compute_cause): the serving loop titled like the
+    engine core starved by Python (GIL held), by launch overhead (GIL free), by pageable copies; fp32
+    matmuls without TF32 on the CUDA cores, fp64 on the tensor cores; elementwise fp32 on DRAM; bursts."""
+    capture = DATA / "gpu-causes-h200.jsonl.gz"
+    problems = check_causes(capture, read_phases(DATA / "gpu-causes-h200.json"), replay_config(tmp_path, STARVED_REPLAY_CONFIG))
+    assert not problems, "\n".join(problems[:20])

@@ -46,8 +46,9 @@ def process_reading(t: float, engine_core_thread: float, cpu_seconds: float) -> 
     samples = {
         ("process_busiest_thread_cpu_ratio", core): engine_core_thread,
         ("process_cpu_seconds_total", core): cpu_seconds,
-        ("process_busiest_thread_cpu_ratio", server): 0.2,
     }
+    if engine_core_thread >= 0.5:  # the relaxed case is a headless engine: no API server visible
+        samples[("process_busiest_thread_cpu_ratio", server)] = 0.2
     return Reading(PROCESS_SOURCE, t, True, samples, meta={"processes": [{"pid": 7, "role": "engine_core", "index": 0, "busiest_thread": thread}]})
 
 
@@ -90,3 +91,15 @@ def test_gpu_not_starved_when_the_host_is_relaxed():
 def test_gpu_not_starved_without_work():
     _, verdicts = starved_run(core_thread=0.97, gpu_util=0.0, sm=0.0, running=0)
     assert verdicts["gpu_starved"].state == "inactive"
+
+
+def test_a_headless_engine_core_decides_alone():
+    """No API server visible (a headless engine): the engine core's relaxed thread rules starvation out
+    instead of leaving it unknown; its saturated thread decides it."""
+    _, verdicts = starved_run(core_thread=0.10, gpu_util=0.2, sm=0.05)
+    assert verdicts["gpu_starved"].state == "inactive"
+
+
+def test_starvation_names_its_cause():
+    _, verdicts = starved_run(core_thread=0.97, gpu_util=0.2, sm=0.05)
+    assert verdicts["gpu_starved"].cause == "launch_overhead"  # no GIL window, no PCIe traffic in this run

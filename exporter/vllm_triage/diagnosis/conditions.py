@@ -244,13 +244,18 @@ def _memory_bandwidth_bound(j: Judge) -> Term:
 
 
 def _compute_bound(j: Judge) -> Term:
-    return any_of(
-        j.compare("gpu_tensor_active_ratio_mean", ">=", "tensor_min", "tensor-core activity (window mean)", upper=1.0),
-        all_of(
-            j.compare("gpu_sm_active_ratio_mean", ">=", "sm_active_min", "GPM SM active (window mean)", upper=1.0),
-            j.compare("gpu_dram_bandwidth_utilization_ratio_mean", "<", "dram_max", "DRAM bandwidth utilisation (window mean)", upper=1.0),
-        ),
+    tensor = j.compare("gpu_tensor_active_ratio_mean", ">=", "tensor_min", "tensor-core activity (window mean)", upper=1.0)
+    cores = all_of(
+        j.compare("gpu_sm_active_ratio_mean", ">=", "sm_active_min", "GPM SM active (window mean)", upper=1.0),
+        j.compare("gpu_dram_bandwidth_utilization_ratio_mean", "<", "dram_max", "DRAM bandwidth utilisation (window mean)", upper=1.0),
     )
+    verdict = any_of(tensor, cores)
+    if tensor.holds:
+        j.cause = "tensor_cores"
+    elif verdict.holds:
+        j.cause = "cuda_cores"
+        j.note("cause cuda_cores: the SMs are busy while the tensor cores idle: fp32 math without TF32 (or fp64 off the tensor path)")
+    return verdict
 
 
 def _pcie_saturated(j: Judge) -> Term:
@@ -296,15 +301,36 @@ def _gpu_starved(j: Judge) -> Term:
             mean,
         ),
     )
-    host = [
-        j.compare("host_engine_core_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "engine core's busiest thread, share of a core", upper=1.0),
-        j.compare("host_api_server_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", "API server's busiest thread, share of a core", upper=1.0),
-    ]
+    host: list[Term] = []
+    python = False
     for role, words in (("engine_core", "engine core"), ("api_server", "API server")):
+        if j.signals.get(f"host_{role}_busiest_thread_cpu_ratio") is None:
+            continue  # a role not visible here (a headless engine has no API server) decides nothing
+        host.append(j.compare(f"host_{role}_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", f"{words}'s busiest thread, share of a core", upper=1.0))
         # GIL evidence when py-spy could sample (windows come minutes apart; absent is not unknown)
-        if j.signals.get(f"host_{role}_gil_held_ratio") is not None:
+        gil = j.signals.get(f"host_{role}_gil_held_ratio")
+        if gil is not None:
             host.append(j.compare(f"host_{role}_gil_held_ratio", ">=", "gil_held_min", f"{words} GIL held (latest py-spy window)", upper=1.0))
-    return all_of(pending, any_of(low, swinging), any_of(*host))
+            python = python or gil >= j.thresholds["gil_python_cause_min"]
+    if not host:
+        return all_of(pending, any_of(low, swinging), j.fact(None, "no engine core or API server visible", "host_engine_core_busiest_thread_cpu_ratio"))
+    verdict = all_of(pending, any_of(low, swinging), any_of(*host))
+    if verdict.holds:
+        copies = j.signals.get("gpu_pcie_busiest_direction_ratio")
+        if copies is not None and copies >= j.thresholds["pcie_copy_ratio_min"]:
+            j.cause = "pageable_copies"
+            j.note(
+                f"cause pageable_copies: PCIe at {copies:.0%} of the link while the SMs idle: a host thread stages copies",
+                "gpu_pcie_busiest_direction_ratio",
+                copies,
+            )
+        elif python:
+            j.cause = "python"
+            j.note("cause python: a thread holds the GIL most of the time: Python work between launches is the limit")
+        else:
+            j.cause = "launch_overhead"
+            j.note("cause launch_overhead: a host thread is saturated without holding the GIL most of the time: kernel launches and syncs")
+    return verdict
 
 
 _CAPACITY_ACTIONS = (
@@ -521,8 +547,11 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             "server's busiest thread saturates a core: the Python side cannot launch work fast enough."
         ),
         next_actions=(
+            "cause=launch_overhead: many small kernels per step: CUDA graphs (drop --enforce-eager), a larger batch per step, async scheduling.",
+            "cause=python: Python work between launches (eager mode runs every layer's Python each step: drop --enforce-eager "
+            "for CUDA graphs); enable async scheduling, reduce per-step host work (detokenisation, logprobs, structured output).",
+            "cause=pageable_copies: host<->device copies from pageable memory: pin host buffers (pin_memory), keep data on the GPU.",
             "API server thread saturated (tokenisation/detokenisation): raise --api-server-count.",
-            "Engine core thread saturated: enable async scheduling, reduce per-step host work (shorter detokenisation, fewer logprobs).",
             "Check the pod's CPU limit and throttling (vllm_triage_process_window_cgroup_throttled_ratio); give vLLM faster or more cores.",
             "To see where each step's host time goes, take a torch profiler trace of a few steps and run `vllm-triage trace` on it.",
         ),
@@ -536,9 +565,12 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             Threshold("swing_high", 0.8, "... and at or below this", 0.0, 1.0),
             Threshold("thread_cpu_min", 0.85, "engine core or API server busiest thread at or above this share of a core", 0.0, 1.0),
             Threshold("gil_held_min", 0.8, "or its GIL held at least this share of the latest py-spy window", 0.0, 1.0),
+            Threshold("pcie_copy_ratio_min", 0.05, "cause pageable_copies when PCIe carries at least this share of the link", 0.0, 1.0),
+            Threshold("gil_python_cause_min", 0.5, "else cause python when the GIL is held at least this share (launch_overhead below)", 0.0, 1.0),
         ),
         dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
         sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
+        causes=("python", "launch_overhead", "pageable_copies"),
     ),
 )
 
@@ -586,8 +618,13 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         severity="info",
         summary="The GPU is doing useful work at its compute limit",
         meaning="Tensor cores or SMs are busy and memory bandwidth is not the limit.",
-        next_actions=("The GPU is the bottleneck and it is working: scale out (replicas, tensor parallelism) or use a faster GPU.",),
+        next_actions=(
+            "cause=tensor_cores: the GPU is the bottleneck and it is working: scale out (replicas, tensor parallelism) or use a faster GPU.",
+            "cause=cuda_cores: move the math onto the tensor cores first: bf16/fp16 weights and activations, or TF32 for fp32 "
+            "(torch.backends.cuda.matmul.allow_tf32 = True); only then scale out.",
+        ),
         predicate=_compute_bound,
+        causes=("tensor_cores", "cuda_cores"),
         dont=("Do not chase CPU or scheduler settings: the GPU is the limit and it is working.",),
         thresholds=(
             Threshold("tensor_min", 0.6, "tensor-core activity at or above this", 0.0, 1.0),
