@@ -305,7 +305,8 @@ class Engine:
             what = "GPU readings" if condition.scope_kind == "gpu" else "vLLM scrapes"
             failing = [h for name in condition.sources if (h := health.get(name)) is not None and h.up is False]
             if failing:  # a window shorter than stale_after empties before the source goes stale
-                return _Outcome(None, 0.0, missing=[f"source {h.source} is down: no {what} left in the {settings.window_seconds:.0f} s window" for h in failing])
+                window = f"{settings.window_seconds:.0f} s window"
+                return _Outcome(None, 0.0, missing=[f"source {h.source} is down: no {what} left in the {window}" for h in failing])
             return _Outcome(None, 0.0, missing=[f"no {what} in the {settings.window_seconds:.0f} s window"])
         results: list[tuple[str, Term, Judge]] = []
         for scope in scopes:
