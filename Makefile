@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench fuzz generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -77,6 +77,10 @@ $(TINY_MODEL)/config.json: tests/integration/tiny_model.py $(VLLM_HOME)/.vllm-$(
 # Artifacts derived from the condition table; committed, and a unit test fails when stale.
 generate: $(VENV)/.installed
 	$(BIN)/python -m vllm_triage.generate
+
+# The page-path fuzz test with a long budget (make test runs it with a short one).
+fuzz: $(VENV)/.installed
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-2000} $(BIN)/pytest -q tests/unit/test_fuzz.py
 
 bench: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.sidecar_overhead

@@ -326,7 +326,7 @@ def _gpu_starved(j: Judge) -> Term:
             )
         elif python:
             j.cause = "python"
-            j.note("cause python: a thread holds the GIL most of the time: Python work between launches is the limit")
+            j.note("cause python: a thread holds the GIL at least half the time: Python work between launches is the limit")
         else:
             j.cause = "launch_overhead"
             j.note("cause launch_overhead: a host thread is saturated without holding the GIL most of the time: kernel launches and syncs")

@@ -146,7 +146,10 @@ def parse_page(
             name = sample.name
             if not name.startswith("vllm:") or name.endswith("_created"):
                 continue
-            value = float(sample.value)
+            try:
+                value = float(sample.value)
+            except OverflowError:  # an integer of hundreds of digits
+                value = math.inf
             reason = None
             if math.isnan(value):
                 reason = "nan_values"

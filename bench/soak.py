@@ -1,0 +1,99 @@
+"""Memory under churn: a vLLM page whose model_name label changes on every scrape (short names, then
+long ones near max_label_value_length) while slow clients hold half-open connections to the sidecar.
+Samples the sidecar's RSS over time; the goal is a flat line after warm-up, bounded by configuration
+(the store's window, interned labels by bytes, max_connections). Prints a table; nothing is enforced.
+
+    .venv/bin/python -m bench.soak [--seconds 300] [--name-length 8 1000] [--slow-clients 200]
+
+The fake vLLM is an aiohttp server on loopback in this process; the sidecar runs the vllm source at a
+0.5 s scrape interval (4x the default), so label sets churn four times as fast as a real one would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import platform
+import socket
+import time
+from pathlib import Path
+
+import psutil
+from aiohttp import web
+
+from tests.integration.conftest import start_sidecar
+from tests.integration.vllm_server import free_port
+
+CAPTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "vllm-0.32.0-cpu-kv-saturated.metrics.txt"
+
+
+async def churning_vllm(port: int, name_length: int) -> web.AppRunner:
+    """vLLM's real page, its model_name different on every request."""
+    page = CAPTURE.read_text()
+    count = {"n": 0}
+
+    async def metrics(_: web.Request) -> web.Response:
+        count["n"] += 1
+        name = f"{count['n']:0{name_length}d}"[-name_length:]
+        return web.Response(text=page.replace('model_name="tiny"', f'model_name="{name}"'))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def soak(name_length: int, seconds: float, slow_clients: int, tmp: Path) -> list[tuple[float, float]]:
+    port = free_port()
+    vllm = await churning_vllm(port, name_length)
+    config = "sources: [vllm]\nscrape_interval_seconds: 0.5\nlog_level: warning\nhttp_header_timeout_seconds: 5\n"
+    sidecar = await asyncio.to_thread(start_sidecar, tmp, f"http://127.0.0.1:{port}", config)
+    listen = int(sidecar.url.rsplit(":", 1)[1])
+    process = psutil.Process(sidecar.process.pid)
+    samples: list[tuple[float, float]] = []
+    held: list[socket.socket] = []
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            for client in held:  # slow clients: half a request line, reopened as the sidecar drops them
+                client.close()
+            held = []
+            for _ in range(slow_clients):
+                with contextlib.suppress(OSError):
+                    client = socket.create_connection(("127.0.0.1", listen), timeout=1)
+                    client.sendall(b"GET /metr")
+                    held.append(client)
+            samples.append((time.monotonic() - started, process.memory_info().rss / 1e6))
+            await asyncio.sleep(10)
+    finally:
+        for client in held:
+            client.close()
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=30)
+        await vllm.cleanup()
+    return samples
+
+
+def main() -> None:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--name-length", type=int, nargs="+", default=[8, 1000])
+    parser.add_argument("--slow-clients", type=int, default=200)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {psutil.cpu_count()} cores; python {platform.python_version()}")
+    for length in args.name_length:
+        with tempfile.TemporaryDirectory() as tmp:
+            samples = asyncio.run(soak(length, args.seconds, args.slow_clients, Path(tmp)))
+        line = " ".join(f"{t:.0f}s:{rss:.0f}" for t, rss in samples)
+        warm = [rss for t, rss in samples if t >= 60]
+        spread = f"after 60 s: {min(warm):.0f}-{max(warm):.0f} MB" if warm else ""
+        print(f"model_name of {length} chars, new every scrape, {args.slow_clients} slow clients: RSS MB {line}  {spread}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
