@@ -38,7 +38,7 @@ def mutate(page: str, lines: list[int], choices: list[tuple[int, int, int]]) -> 
     for kind, where, what in choices:
         index = lines[where % len(lines)]
         row = rows[index]
-        name_and_labels, _, value = row.rpartition(" ")
+        name_and_labels, _, _ = row.rpartition(" ")
         if kind == 0:  # a nasty value
             rows[index] = f"{name_and_labels} {NASTY_VALUES[what % len(NASTY_VALUES)]}"
         elif kind == 1 and "le=" in row:  # a nasty bucket bound
@@ -53,7 +53,7 @@ def mutate(page: str, lines: list[int], choices: list[tuple[int, int, int]]) -> 
         elif kind == 4:  # a counter that goes backwards or jumps
             rows[index] = f"{name_and_labels} {random.Random(what).uniform(-1e6, 1e12):.6g}"
         elif kind == 5:  # cut the page here
-            rows = rows[:index] + [row[: what % max(1, len(row))]]
+            rows = [*rows[:index], row[: what % max(1, len(row))]]
             break
         elif kind == 6:  # garbage bytes in a line
             rows[index] = row[: what % max(1, len(row))] + bytes(range(what % 7, 256, 7)).decode("latin-1")
