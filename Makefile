@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench fuzz generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench fuzz scenarios generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -81,6 +81,10 @@ generate: $(VENV)/.installed
 # The page-path fuzz test with a long budget (make test runs it with a short one).
 fuzz: $(VENV)/.installed
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-2000} $(BIN)/pytest -q tests/unit/test_fuzz.py
+
+# The labelled scenario suite on the real vLLM at the default settings (~45 min), and the H200 captures.
+scenarios: $(VENV)/.installed vllm-env
+	$(BIN)/python -m bench.scenarios
 
 bench: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.sidecar_overhead

@@ -60,7 +60,7 @@ def paths() -> tuple[Path, Path]:
     return python, model
 
 
-def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.0) -> VllmServer:
+def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.0, niceness: int = 10, max_num_seqs: int = MAX_NUM_SEQS) -> VllmServer:
     python, model = paths()
     if not python.exists() or not (model / "config.json").exists():
         raise RuntimeError(f"vLLM venv or tiny model missing ({python}, {model}): run `make vllm-env` first")
@@ -69,7 +69,7 @@ def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "1024", "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-model-len", "1024", "--max-num-seqs", str(max_num_seqs),
         "--num-gpu-blocks-override", str(KV_BLOCKS), "--enforce-eager",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -78,7 +78,7 @@ def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.
     # threads would starve everything else (a sleeping process woke up to 3 s late, and a sidecar /metrics
     # request timed out after 15 s in CI). A lower priority in the same session (autogroup) stands in for
     # that guarantee: the same sleeper then wakes within 1 ms. Own process group, so stop() reaches all.
-    command = ["nice", "-n", "10", *command]
+    command = ["nice", "-n", str(niceness), *command]  # the scenario suite runs it at 0, as users do
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
     server = VllmServer(process, port, log_path)
     deadline = time.monotonic() + startup_timeout

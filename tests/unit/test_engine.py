@@ -142,6 +142,18 @@ def test_a_scrape_gap_shorter_than_stale_after_changes_no_state():
     assert verdict(snap, "kv_cache_saturated").state == "active" and not verdict(snap, "kv_cache_saturated").stale
 
 
+def test_scrapes_that_fail_now_and_then_are_no_outage():
+    """A timeout or a dropped connection every few scrapes (a busy API server) must not page."""
+    s = Scenario(engine({"vllm_unreachable": {"for_seconds": 0}}))
+    for _ in range(6):
+        snap = s.run(6, running=4)
+        assert verdict(snap, "vllm_unreachable").state == "inactive"
+        snap = s.fail(10)
+        assert verdict(snap, "vllm_unreachable").state == "inactive"
+    snap = s.fail(8)  # 18 s of failures: an outage
+    assert verdict(snap, "vllm_unreachable").state == "active"
+
+
 def test_a_gap_keeps_the_for_clock_of_a_pending_condition():
     # client_underload holds all along with a 120 s `for`; one failed scrape every 40 s must not reset it
     s = Scenario(engine())
@@ -161,7 +173,7 @@ def test_an_outage_past_stale_after_makes_layer1_unknown_holds_active_verdicts_t
     v = verdict(snap, "kv_cache_saturated")
     assert v.state == "unknown" and v.held and v.active  # its alert does not flap on the outage
     assert any("stale_after" in m for m in v.missing)
-    assert verdict(snap, "vllm_unreachable").state == "inactive"  # for = 30 s
+    assert verdict(snap, "vllm_unreachable").state == "inactive"  # failing >= stale_after (15 s), then for 15 s
     snap = s.fail(20)
     v = verdict(snap, "vllm_unreachable")
     assert v.state == "active" and "failing for" in v.evidence[0].text

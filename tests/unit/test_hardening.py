@@ -257,3 +257,14 @@ def test_sighup_exits_cleanly(tmp_path):
     sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\n")
     sidecar.process.send_signal(1)
     assert sidecar.process.wait(timeout=15) == 0
+
+
+def test_churning_label_sets_are_bounded_by_bytes_not_entries():
+    """A model_name that changes every scrape (4 KB names): the shared label table stays under its byte
+    bound instead of growing by ~1 GB per 200,000 entries."""
+    from vllm_triage import model
+
+    for i in range(20_000):  # 80 MB of label text in total
+        model.make_labels({"engine": "0", "model_name": f"{i:04096d}"})
+    assert model._interned_bytes <= model.MAX_INTERNED_LABEL_BYTES
+    assert sum(len(v) for labels in model._INTERNED_LABELS for _, v in labels) <= model.MAX_INTERNED_LABEL_BYTES

@@ -48,9 +48,16 @@ def _vllm_unreachable(j: Judge) -> Term:
     down = j.value("vllm_down_seconds")
     if down is None:
         return j.fact(None, "vLLM has not been scraped yet", "vllm_down_seconds")
-    term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s")
     if not (scrape := j.health.get(VLLM_SOURCE)) or scrape.up is not False:
-        return Term(False, 0.0)
+        return j.fact(False, "vLLM's last scrape succeeded", "vllm_down_seconds", down)
+    # A gap shorter than stale_after is ridden through (a slow scrape is no outage); a vLLM never read is
+    # an outage from the start.
+    stale = j.signals.get("vllm_stale_after_seconds") or 0.0
+    never = scrape.last_success_timestamp is None
+    limit = None if never or stale <= j.thresholds["down_seconds_min"] else stale
+    term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s", limit=limit)
+    if limit is not None:
+        j.note(f"a gap shorter than stale_after ({stale:.0f} s) is ridden through", "vllm_stale_after_seconds", stale)
     j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
     if scrape.last_success_timestamp is None:
         j.note("vLLM has not been scraped successfully once")
@@ -356,8 +363,8 @@ CONDITIONS: tuple[Condition, ...] = (
             "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
         ),
         predicate=_vllm_unreachable,
-        thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds"),),
-        for_seconds=30,
+        thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),),
+        for_seconds=15,
         clear_seconds=30,
         sources=(),
         scope_kind="global",

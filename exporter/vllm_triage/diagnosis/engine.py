@@ -156,7 +156,10 @@ class Engine:
         sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
         health = {s.source: s for s in sources}
         found = discover(store, self.configured_max_num_seqs)
-        global_signals = {"vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now)}
+        global_signals = {
+            "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
+            "vllm_stale_after_seconds": self.stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
+        }
 
         cache: dict[tuple[str, float], dict[str, dict[str, float | None]]] = {}
 
