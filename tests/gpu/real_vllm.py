@@ -26,21 +26,13 @@ from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config import load
 
-from tests.integration.load import run_load
+from tests.integration.load import Phase, run_load
+from tests.integration.vllm_server import wait_healthy
 
 PORT = 8000
 URL = f"http://127.0.0.1:{PORT}"
 MODELS = Path("/tmp/models")
 SITE = "/tmp/site"  # vLLM and its dependencies, unpacked by the staging payload
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    seconds: float
-    clients: int = 0
-    prompt_words: int = 0
-    max_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,19 +117,12 @@ def start_vllm(model: Path, flags: tuple[str, ...], log: Path) -> subprocess.Pop
     length = () if "--max-model-len" in flags else ("--max-model-len", "1024")  # 48 blocks of 16 hold only 768 tokens
     command += ["--port", str(PORT), *length, "--enforce-eager", "--gpu-memory-utilization", "0.5", *flags]
     process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited ({process.returncode}): {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(URL + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return process
-        except OSError:
-            pass
-        time.sleep(1)
-    process.kill()
-    raise RuntimeError(f"vLLM not ready in 300 s: {log.read_text()[-3000:]}")
+    try:
+        wait_healthy(URL, process, log, 300)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process
 
 
 def save_page(path: Path) -> None:

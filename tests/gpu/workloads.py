@@ -27,6 +27,18 @@ import sys
 import time
 
 
+def _matmuls(deadline: float, size: int, dtype: object, per_sync: int) -> None:
+    """Square matmuls back to back until `deadline`, synchronising every `per_sync`."""
+    import torch
+
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    while time.time() < deadline:
+        for _ in range(per_sync):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+
+
 def run_phase(name: str, seconds: float) -> None:
     import torch
 
@@ -36,12 +48,7 @@ def run_phase(name: str, seconds: float) -> None:
         time.sleep(seconds)
         return
     if name == "compute":
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        while time.time() < deadline:
-            for _ in range(20):
-                torch.mm(a, b)
-            torch.cuda.synchronize()
+        _matmuls(deadline, 8192, torch.bfloat16, 20)
         return
     if name == "copy_d2d":
         src = torch.empty(2 << 30, dtype=torch.uint8, device=device)
@@ -74,13 +81,7 @@ def run_phase(name: str, seconds: float) -> None:
         return
     if name in ("matmul_fp32", "matmul_fp64"):
         torch.backends.cuda.matmul.allow_tf32 = False
-        size, dtype = (8192, torch.float32) if name == "matmul_fp32" else (4096, torch.float64)
-        a = torch.randn(size, size, device=device, dtype=dtype)
-        b = torch.randn(size, size, device=device, dtype=dtype)
-        while time.time() < deadline:
-            for _ in range(4):
-                torch.mm(a, b)
-            torch.cuda.synchronize()
+        _matmuls(deadline, *((8192, torch.float32) if name == "matmul_fp32" else (4096, torch.float64)), 4)
         return
     if name == "elementwise":
         x = torch.ones(2 << 30, dtype=torch.float32, device=device)

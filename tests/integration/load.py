@@ -15,6 +15,17 @@ from dataclasses import dataclass
 import aiohttp
 
 
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of constant load: `clients` concurrent clients (0: none) for `seconds`."""
+
+    name: str
+    seconds: float
+    clients: int = 0
+    prompt_words: int = 50
+    max_tokens: int = 100
+
+
 @dataclass
 class LoadResult:
     completed: int = 0

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from . import vllm_server
 from .conftest import FAST_CADENCE, FAST_CONDITIONS, Sidecar, start_load, start_sidecar
+from .load import Phase as LoadPhase
 
 # Conditions that may be active in a loaded phase without being its truth (latency follows load on a
 # 2-core CPU build; the GPU and GIL sources have nothing to read here).
@@ -29,12 +30,7 @@ SYMPTOMS = frozenset({"ttft_high", "itl_high"})
 
 
 @dataclass(frozen=True)
-class Phase:
-    name: str
-    seconds: float
-    clients: int = 0
-    prompt_words: int = 50
-    max_tokens: int = 100
+class Phase(LoadPhase):
     action: str | None = None  # at the phase's start: "kill" | "restart" the first vLLM
     truth: frozenset[str] = frozenset()  # conditions that must become active in this phase
     tolerated: frozenset[str] = frozenset()  # may be active too (not counted as false)

@@ -81,16 +81,25 @@ def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.
     command = ["nice", "-n", str(niceness), *command]  # the scenario suite runs it at 0, as users do
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
     server = VllmServer(process, port, log_path)
-    deadline = time.monotonic() + startup_timeout
+    try:
+        wait_healthy(server.url, process, log_path, startup_timeout)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    """Until vLLM's /health answers 200; RuntimeError with the log's end if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode} during startup; see {log_path}")
+            raise RuntimeError(f"vLLM exited with {process.returncode} during startup: {log_path.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
-                    return server
+                    return
         except OSError:
             pass
         time.sleep(1)
-    server.stop()
-    raise RuntimeError(f"vLLM did not become healthy within {startup_timeout:.0f} s; see {log_path}")
+    raise RuntimeError(f"vLLM did not become healthy within {timeout:.0f} s: {log_path.read_text()[-3000:]}")
