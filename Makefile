@@ -27,8 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check exporter tests bench
-	$(BIN)/ruff format --check exporter tests bench
+	$(BIN)/ruff check exporter mixin tests bench
+	$(BIN)/ruff format --check exporter mixin tests bench
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
@@ -76,7 +76,7 @@ $(TINY_MODEL)/config.json: tests/integration/tiny_model.py $(VLLM_HOME)/.vllm-$(
 
 # Artifacts derived from the condition table; committed, and a unit test fails when stale.
 generate: $(VENV)/.installed
-	$(BIN)/python -m vllm_triage.generate
+	$(BIN)/python -m mixin.generate
 
 # The page-path fuzz test with a long budget (make test runs it with a short one).
 fuzz: $(VENV)/.installed

@@ -8,7 +8,8 @@ import math
 import time
 
 import pytest
-from vllm_triage.dashboards import DASHBOARDS, panel_queries
+
+from mixin.dashboards import DASHBOARDS, panel_queries
 
 from .conftest import FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
 

@@ -101,7 +101,7 @@ def test_capture_round_trip(tmp_path):
 def test_generated_docs_are_current():
     from pathlib import Path
 
-    from vllm_triage.generate import main as generate
+    from mixin.generate import main as generate
 
     assert generate([str(Path(__file__).resolve().parents[2]), "--check"]) == 0, "run `make generate` and commit"
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from vllm_triage import mixin
 from vllm_triage.config import DEFAULT_PORT
-from vllm_triage.dashboards import DASHBOARDS
+
+from mixin import rules as mixin
+from mixin.dashboards import DASHBOARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ("docker-compose.yml",)

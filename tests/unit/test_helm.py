@@ -13,10 +13,12 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from vllm_triage import cli, mixin
+from vllm_triage import cli
 from vllm_triage.config import ConfigError
-from vllm_triage.dashboards import DASHBOARDS
-from vllm_triage.generate import RULES_FILE
+
+from mixin import rules as mixin
+from mixin.dashboards import DASHBOARDS
+from mixin.generate import RULES_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "vllm-triage"

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from vllm_triage import mixin
 from vllm_triage.diagnosis.conditions import CONDITIONS
+
+from mixin import rules as mixin
 
 ROOT = Path(__file__).resolve().parents[2]
 

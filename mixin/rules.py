@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .diagnosis.conditions import CONDITIONS, Condition
+from vllm_triage.diagnosis.conditions import CONDITIONS, Condition
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
-from .mixin import RECORDING_RULES
+from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
+
+from .rules import RECORDING_RULES
 
 DS = {"type": "prometheus", "uid": "$datasource"}
 SIDECAR = 'namespace=~"$namespace",pod=~"$pod"'
