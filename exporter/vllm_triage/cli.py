@@ -123,7 +123,7 @@ def _capture_path(name: str) -> Path:
 def _instant(config: Config, window_seconds: float) -> Config:
     """Settings for a one-shot judgement: no debouncing, one window over the whole observation."""
     conditions = {cid: dataclasses.replace(s, for_seconds=0.0, clear_seconds=0.0, window_seconds=window_seconds) for cid, s in config.conditions.items()}
-    return Config({**config.values, "window_seconds": window_seconds}, conditions)
+    return dataclasses.replace(config, window_seconds=window_seconds, conditions=conditions)
 
 
 def _judge_once(config: Config, readings: list[Reading], now: float, captured: bool) -> Snapshot:

@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlparse
 
@@ -134,8 +134,8 @@ def _source_list(key: str, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def _gpu_list(key: str, raw: Any) -> list[str]:
-    items = _items(raw)
+def _gpu_list(key: str, raw: Any) -> tuple[str, ...]:
+    items = tuple(_items(raw))
     if not items:
         raise _bad(key, raw, "expected GPU indices or UUIDs, comma-separated (e.g. 0,1 or GPU-8f2c...)")
     return items
@@ -158,119 +158,117 @@ class Option:
         return "--" + self.key.replace("_", "-")
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("vllm_url", "http://127.0.0.1:8000", _url, "Base URL of the vLLM server to watch.", "URL"),
-    Option("metrics_path", "/metrics", _path_component, "Path of vLLM's Prometheus endpoint.", "PATH"),
-    Option("listen", f"0.0.0.0:{DEFAULT_PORT}", _listen, f"Address the sidecar serves on (default port {DEFAULT_PORT}).", "HOST:PORT"),
-    Option("max_connections", 128, _number(1, integer=True), "Most connections the sidecar's listener holds at once; more get HTTP 503.", "N"),
-    Option(
-        "http_header_timeout_seconds",
+CONDITION_KEYS = ("enabled", "for_seconds", "clear_for_seconds", "window_seconds")
+
+
+def option(default: Any, parse: Callable[[str, Any], Any], help: str, metavar: str = "") -> Any:
+    """A Config field that is an option: a default, its parser (which names a wrong value), its help."""
+    return field(default=default, metadata={"parse": parse, "help": help, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting, typed: the fields are the options table (a YAML key, a VLLM_TRIAGE_* variable and a
+    flag each), plus the per-condition settings."""
+
+    vllm_url: str = option("http://127.0.0.1:8000", _url, "Base URL of the vLLM server to watch.", "URL")
+    metrics_path: str = option("/metrics", _path_component, "Path of vLLM's Prometheus endpoint.", "PATH")
+    listen: str = option(f"0.0.0.0:{DEFAULT_PORT}", _listen, f"Address the sidecar serves on (default port {DEFAULT_PORT}).", "HOST:PORT")
+    max_connections: int = option(128, _number(1, integer=True), "Most connections the sidecar's listener holds at once; more get HTTP 503.", "N")
+    http_header_timeout_seconds: float = option(
         15.0,
         _number(0.5),
         "Close a connection whose request headers are not complete after this long (also the keep-alive idle time).",
         "S",
-    ),
-    Option("scrape_interval_seconds", 2.0, _number(0.1), "How often to scrape vLLM's /metrics.", "S"),
-    Option("scrape_timeout_seconds", 5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S"),
-    Option("connect_timeout_seconds", 2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S"),
-    Option("max_page_bytes", 10 * 1024 * 1024, _number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES"),
-    Option("max_series", DEFAULT_MAX_SERIES, _number(100, integer=True), "Refuse /metrics pages with more vllm: series than this (~320 per engine).", "N"),
-    Option("max_engines", DEFAULT_MAX_ENGINES, _number(1, integer=True), "Refuse /metrics pages with more engine/model label combinations than this.", "N"),
-    Option(
-        "max_label_value_length",
+    )
+    scrape_interval_seconds: float = option(2.0, _number(0.1), "How often to scrape vLLM's /metrics.", "S")
+    scrape_timeout_seconds: float = option(5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S")
+    connect_timeout_seconds: float = option(2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S")
+    max_page_bytes: int = option(10 * 1024 * 1024, _number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES")
+    max_series: int = option(DEFAULT_MAX_SERIES, _number(100, integer=True), "Refuse /metrics pages with more vllm: series than this (~320 per engine).", "N")
+    max_engines: int = option(DEFAULT_MAX_ENGINES, _number(1, integer=True), "Refuse /metrics pages with more engine/model label combinations than this.", "N")
+    max_label_value_length: int = option(
         DEFAULT_MAX_LABEL_VALUE_LENGTH,
         _number(16, integer=True),
         "Refuse vLLM series with a label value longer than this (as Prometheus' label_value_length_limit).",
         "CHARS",
-    ),
-    Option(
-        "stale_after_seconds",
+    )
+    stale_after_seconds: float | None = option(
         None,
         _optional(_number(0.0)),
         "How long a failing source's last readings still count as evidence (verdicts ride through a slow scrape); "
         "longer outages make dependent conditions unknown. Default: 3 collection intervals, at least 15 s.",
         "S",
-    ),
-    Option("tick_seconds", 2.0, _number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S"),
-    Option("window_seconds", 60.0, _number(2.0), "Default window W for signals and conditions.", "S"),
-    Option(
-        "max_num_seqs",
+    )
+    tick_seconds: float = option(2.0, _number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S")
+    window_seconds: float = option(60.0, _number(2.0), "Default window W for signals and conditions.", "S")
+    max_num_seqs: int | None = option(
         None,
         _optional(_number(1, integer=True)),
         "vLLM's --max-num-seqs; default: read from vLLM's command line when visible, else vLLM's default.",
         "N",
-    ),
-    Option(
-        "sources",
+    )
+    sources: tuple[str, ...] = option(
         ("vllm", "process", "gpu", "gil"),
         _source_list,
         "Sources to run, comma-separated: vllm (its /metrics), process (psutil; needs a shared PID namespace), gpu (NVML/GPM), "
         "gil (py-spy; needs ptrace rights).",
         "LIST",
-    ),
-    Option("process_interval_seconds", 2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S"),
-    Option("gpu_interval_seconds", 1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S"),
-    Option("gpus", None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST"),
-    Option(
-        "gpus_file",
+    )
+    process_interval_seconds: float = option(2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S")
+    gpu_interval_seconds: float = option(1.0, _number(0.1), "How often to read the GPUs (GPM windows run tick to tick).", "S")
+    gpus: tuple[str, ...] | None = option(None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST")
+    gpus_file: str | None = option(
         None,
         _optional(_text),
         "A file naming the GPUs vLLM's container was given (UUIDs or indices, one per line), written by that container; read until it appears.",
         "FILE",
-    ),
-    Option("gpm", True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL"),
-    Option("gil_interval_seconds", 60.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S"),
-    Option("gil_window_seconds", 5.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S"),
-    Option("gil_rate", 20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ"),
-    Option("gil_nonblocking", False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL"),
-    Option("process_title_prefix", "VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX"),
-    Option("demo", False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL"),
-    Option("demo_capture", None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE"),
-    Option("log_level", "info", _choice(*LOG_LEVELS), "Log level.", "LEVEL"),
-)
-OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
-CONDITION_KEYS = ("enabled", "for_seconds", "clear_for_seconds", "window_seconds")
-
-
-@dataclass(frozen=True)
-class Config:
-    values: dict[str, Any]
+    )
+    gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
+    gil_interval_seconds: float = option(60.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
+    gil_window_seconds: float = option(5.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
+    gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
+    gil_nonblocking: bool = option(False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL")
+    process_title_prefix: str = option("VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")
+    demo: bool = option(False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL")
+    demo_capture: str | None = option(None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE")
+    log_level: str = option("info", _choice(*LOG_LEVELS), "Log level.", "LEVEL")
     conditions: dict[str, ConditionSettings] = field(default_factory=dict)
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self.values[key]
-        except KeyError:
-            raise AttributeError(key) from None
 
     @property
     def listen_host(self) -> str:
-        return str(self.values["listen"]).rpartition(":")[0]
+        return self.listen.rpartition(":")[0]
 
     @property
     def listen_port(self) -> int:
-        return int(str(self.values["listen"]).rpartition(":")[2])
+        return int(self.listen.rpartition(":")[2])
 
     def stale_after(self) -> dict[str, float]:
         """Per source: how long its readings stay evidence after it starts failing."""
         intervals = {
-            "vllm": self.values["scrape_interval_seconds"],
-            "process": self.values["process_interval_seconds"],
-            "gpu": self.values["gpu_interval_seconds"],
-            "gil": self.values["gil_interval_seconds"],
+            "vllm": self.scrape_interval_seconds,
+            "process": self.process_interval_seconds,
+            "gpu": self.gpu_interval_seconds,
+            "gil": self.gil_interval_seconds,
         }
-        configured = self.values["stale_after_seconds"]
+        configured = self.stale_after_seconds
         return {name: configured if configured is not None else max(15.0, 3 * interval) for name, interval in intervals.items()}
 
     @property
     def vllm_url_shown(self) -> str:
         """vllm_url as logs, reports and /diagnosis show it (credentials and query values hidden)."""
-        return redact_url(self.values["vllm_url"])
+        return redact_url(self.vllm_url)
 
     @property
     def vllm_port(self) -> int | None:
-        parsed = urlparse(self.values["vllm_url"])
+        parsed = urlparse(self.vllm_url)
         return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.name, f.default, f.metadata["parse"], f.metadata["help"], f.metadata["metavar"]) for f in fields(Config) if "parse" in f.metadata
+)
+OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
 
 
 def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionSettings]:
@@ -347,7 +345,7 @@ def load(config_file: str | None = None, env: Mapping[str, str] | None = None, f
     values = {}
     for option in OPTIONS:
         values[option.key] = option.parse(option.key, raw[option.key]) if option.key in raw else option.default
-    return Config(values, _condition_settings(file_conditions, values["window_seconds"]))
+    return Config(**values, conditions=_condition_settings(file_conditions, values["window_seconds"]))
 
 
 def add_flags(parser: argparse.ArgumentParser, keys: tuple[str, ...] | None = None) -> None:

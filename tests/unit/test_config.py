@@ -74,7 +74,7 @@ def test_wrong_env_value_is_named():
 
 def test_sources_and_gpus_lists():
     config = load(env={"VLLM_TRIAGE_SOURCES": "gpu, vllm", "VLLM_TRIAGE_GPUS": "0,GPU-abc"})
-    assert config.sources == ("gpu", "vllm") and config.gpus == ["0", "GPU-abc"]
+    assert config.sources == ("gpu", "vllm") and config.gpus == ("0", "GPU-abc")
     with pytest.raises(ConfigError) as info:
         load(env={"VLLM_TRIAGE_SOURCES": "vllm,nvml"})
     assert "sources" in str(info.value) and "vllm, process, gpu" in str(info.value)

@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ class _Device:
 class GpuSource:
     def __init__(
         self,
-        selection: list[str] | None = None,
+        selection: Sequence[str] | None = None,
         vllm_pids: Callable[[], list[int]] = list,
         use_gpm: bool = True,
         clock: Callable[[], float] = time.time,
@@ -156,7 +156,7 @@ class GpuSource:
     def _select(self, every: list[_Device]) -> tuple[list[_Device], str]:
         """Config first, then the vLLM processes' *_VISIBLE_DEVICES, then NVML's process list, then all."""
 
-        def pick(wanted: list[str]) -> list[_Device]:
+        def pick(wanted: Sequence[str]) -> list[_Device]:
             return [d for d in every if str(d.index) in wanted or d.uuid in wanted or any(d.uuid.startswith(w) for w in wanted if len(w) > 8)]
 
         if self.selection:
