@@ -17,8 +17,8 @@ import itertools
 
 from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import load
-from vllm_triage.daemon import replay
 from vllm_triage.model import Snapshot
+from vllm_triage.pipeline import replay
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
-from vllm_triage.daemon import replay
+from vllm_triage.pipeline import replay
 
 from tests.gpu.truth import read_phases
 from tests.integration.scenarios import SCENARIOS, run

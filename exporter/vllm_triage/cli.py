@@ -17,8 +17,9 @@ from typing import Any
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, SourceLoop, build_engine, build_sources, replay, steady_wall_clock
+from .daemon import Daemon, SourceLoop, build_sources, steady_wall_clock
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
+from .pipeline import judge_at, replay
 from .report import format_report, format_transition
 
 SCRAPE_KEYS = (
@@ -126,14 +127,6 @@ def _instant(config: Config, window_seconds: float) -> Config:
     return dataclasses.replace(config, window_seconds=window_seconds, conditions=conditions)
 
 
-def _judge_once(config: Config, readings: list[Reading], now: float, captured: bool) -> Snapshot:
-    engine, store = build_engine(config, readings if captured else None)
-    for reading in readings:
-        if reading.timestamp <= now:
-            store.add(reading)
-    return engine.evaluate(store, now)
-
-
 async def observe(config: Config, seconds: float, writer: CaptureWriter | None = None) -> list[Reading]:
     """Run the configured sources for `seconds`, each on its own interval; return what they read."""
     readings: list[Reading] = []
@@ -181,7 +174,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         readings = asyncio.run(observe(config, args.seconds))
         now = readings[-1].timestamp
         target = config.vllm_url_shown
-    snapshot = _judge_once(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
+    snapshot = judge_at(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
     if args.json:
         print(json.dumps(snapshot.to_json(), indent=1, allow_nan=False))
     else:

@@ -17,15 +17,14 @@ from typing import TypeVar
 
 from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
-from .diagnosis.engine import Engine
 from .exposition import Exposition
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
+from .pipeline import Pipeline
 from .server import make_app, serve
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
 from .sources.vllm import VllmSource
-from .store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,18 +93,6 @@ def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
     return chosen
 
 
-def build_engine(config: Config, captured: list[Reading] | None = None) -> tuple[Engine, Store]:
-    """The engine and store for live readings, or for a capture's (whose sources are the ones it holds)."""
-    if captured is None:
-        sources, absent = tuple(config.sources), "turned off (the sources setting)"
-    else:
-        sources, absent = tuple(sorted({r.source for r in captured})), "not in the capture"
-    engine = Engine(config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after())
-    # Keep a little more than the longest window so edge frames are always present.
-    store = Store(horizon_seconds=engine.horizon_seconds + 4 * config.scrape_interval_seconds)
-    return engine, store
-
-
 def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> Callable[[], float]:
     """Wall time read once, then advanced by the monotonic clock. Readings are ordered and windowed by
     this clock, so a step of the system clock (NTP, a resumed VM) can neither reorder them nor empty the
@@ -123,7 +110,7 @@ class Daemon:
         if config.demo:  # judged as a capture: its sources are the ones it holds
             self.demo_capture = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
             self.demo_readings = list(read_readings(self.demo_capture))
-        self.engine, self.store = build_engine(config, self.demo_readings if config.demo else None)
+        self.pipeline = Pipeline(config, self.demo_readings if config.demo else None)
         self.exposition = Exposition(config.conditions)
         self.recorder = recorder
         self.snapshot: Snapshot | None = None
@@ -149,12 +136,12 @@ class Daemon:
 
     # --- pipeline ---
     def ingest(self, reading: Reading) -> None:
-        self.store.add(reading)
+        self.pipeline.feed(reading)
         if self.recorder is not None:
             self.recorder.write(reading)
 
     def tick(self) -> Snapshot:
-        snapshot = self.engine.evaluate(self.store, self.clock())
+        snapshot = self.pipeline.evaluate(self.clock())
         self.exposition.update(snapshot)
         self.diagnosis_json = json.dumps(snapshot.to_json(), indent=1, allow_nan=False).encode()
         if self.snapshot is None:
@@ -193,7 +180,7 @@ class Daemon:
 
     def _tick_if_fed(self) -> None:
         # Ready means "judged on something": wait for the first reading, ok or failed.
-        if not self.store.sources():
+        if not self.pipeline.fed():
             return
         try:
             self.tick()
@@ -251,7 +238,7 @@ class Daemon:
         if config.demo:
             tasks.append(asyncio.create_task(self._demo_loop()))
         else:
-            loops = build_sources(config, self.clock, lambda: self.store.latest(PROCESS_SOURCE))
+            loops = build_sources(config, self.clock, lambda: self.pipeline.store.latest(PROCESS_SOURCE))
             for loop_ in loops:
                 if loop_.name == PROCESS_SOURCE:  # first: the GPU source maps vLLM's processes to GPUs
                     await self._ingest(await loop_.collect())
@@ -275,22 +262,3 @@ class Daemon:
             self._pipeline.shutdown(wait=True)
             if self.recorder is not None:
                 self.recorder.close()
-
-
-def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None]) -> Snapshot | None:
-    """Run the pipeline over recorded readings on a virtual clock, one evaluation per tick."""
-    if not readings:
-        return None
-    engine, store = build_engine(config, readings)
-    now = readings[0].timestamp
-    end = readings[-1].timestamp
-    index = 0
-    snapshot: Snapshot | None = None
-    while now <= end + config.tick_seconds:
-        while index < len(readings) and readings[index].timestamp <= now:
-            store.add(readings[index])
-            index += 1
-        snapshot = engine.evaluate(store, now)
-        on_tick(snapshot)
-        now += config.tick_seconds
-    return snapshot

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from vllm_triage.capture import read_readings
 from vllm_triage.config import Config, load
-from vllm_triage.daemon import replay
 from vllm_triage.diagnosis.conditions import GPU_CONDITIONS
+from vllm_triage.pipeline import replay
 
 GPU_IDS = {c.id for c in GPU_CONDITIONS}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
-from vllm_triage.daemon import replay
+from vllm_triage.pipeline import replay
 
 from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config, load
-from vllm_triage.daemon import replay
 from vllm_triage.diagnosis.conditions import CONDITIONS
+from vllm_triage.pipeline import replay
 
 from tests.gpu.truth import check, read_phases
 
