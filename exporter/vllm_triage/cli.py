@@ -17,9 +17,10 @@ from typing import Any
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, SourceLoop, build_sources, steady_wall_clock
+from .daemon import Daemon, steady_wall_clock
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
 from .pipeline import judge_at, replay
+from .registry import SourceLoop, build_sources
 from .report import format_report, format_transition
 
 SCRAPE_KEYS = (

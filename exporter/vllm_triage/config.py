@@ -17,6 +17,7 @@ import yaml
 
 from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings, default_settings
+from .registry import SOURCES
 from .sources.vllm import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
 
 DEFAULT_PORT = 10290
@@ -112,9 +113,6 @@ def _text(key: str, raw: Any) -> str:
     return raw
 
 
-SOURCE_NAMES = ("vllm", "process", "gpu", "gil")
-
-
 def _items(raw: Any) -> list[str]:
     """A list from YAML, or a comma-separated string; anything else (a mapping, a number list's
     nested list) is no list of names: empty, which every caller refuses."""
@@ -129,8 +127,9 @@ def _items(raw: Any) -> list[str]:
 
 def _source_list(key: str, raw: Any) -> tuple[str, ...]:
     items = _items(raw)
-    if not items or any(item not in SOURCE_NAMES for item in items):
-        raise _bad(key, raw, f"expected a comma-separated subset of {', '.join(SOURCE_NAMES)}")
+    names = [spec.name for spec in SOURCES]
+    if not items or any(item not in names for item in items):
+        raise _bad(key, raw, f"expected a comma-separated subset of {', '.join(names)}")
     return tuple(dict.fromkeys(items))
 
 

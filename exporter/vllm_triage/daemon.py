@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -18,79 +17,13 @@ from typing import TypeVar
 from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
 from .exposition import Exposition
-from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
+from .model import PROCESS_SOURCE, Reading, Snapshot
 from .pipeline import Pipeline
+from .registry import SourceLoop, build_sources
 from .server import make_app, serve
-from .sources.gil import GilSource
-from .sources.gpu import GpuSource
-from .sources.process import ProcessSource
-from .sources.vllm import VllmSource
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SourceLoop:
-    """One source as the daemon runs it: collect every `interval` seconds, close at the end."""
-
-    name: str
-    interval: float
-    collect: Callable[[], Awaitable[Reading]]
-    close: Callable[[], Awaitable[None]]
-
-
-def build_sources(config: Config, clock: Callable[[], float], latest_processes: Callable[[], Reading | None]) -> list[SourceLoop]:
-    """The configured sources; blocking ones (psutil, NVML) run in worker threads, py-spy as a subprocess."""
-
-    def vllm_pids_by_role() -> list[tuple[str, int]]:
-        """vLLM's processes in the latest process Reading (the GPU source maps them to GPUs)."""
-        reading = latest_processes()
-        return [(str(p["role"]), int(p["pid"])) for p in reading.meta.get("processes", [])] if reading is not None else []
-
-    def vllm_pids() -> list[int]:
-        return [pid for _, pid in vllm_pids_by_role()]
-
-    loops = []
-    if VLLM_SOURCE in config.sources:
-        vllm = VllmSource(
-            config.vllm_url,
-            config.metrics_path,
-            config.scrape_timeout_seconds,
-            config.connect_timeout_seconds,
-            config.max_page_bytes,
-            clock,
-            config.max_series,
-            config.max_engines,
-            config.max_label_value_length,
-        )
-        loops.append(SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, vllm.collect, vllm.close))
-    if PROCESS_SOURCE in config.sources:
-        processes = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
-        loops.append(SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, processes.collect), _nothing))
-    if GIL_SOURCE in config.sources:
-        gil = GilSource(lambda: first_pid_by_role(vllm_pids_by_role()), config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
-        loops.append(SourceLoop(GIL_SOURCE, config.gil_interval_seconds, gil.collect, gil.close))
-    if GPU_SOURCE in config.sources:
-        gpu = GpuSource(config.gpus, vllm_pids, config.gpm, clock, gpus_file=config.gpus_file)
-
-        async def close_gpu() -> None:
-            gpu.close()
-
-        loops.append(SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, gpu.collect), close_gpu))
-    return loops
-
-
-async def _nothing() -> None:
-    return None
-
-
-def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
-    """The first process of each role (index 0): the one the GIL source samples."""
-    chosen: dict[str, int] = {}
-    for role, pid in processes:
-        chosen.setdefault(role, pid)
-    return chosen
 
 
 def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> Callable[[], float]:

@@ -79,9 +79,8 @@ class SnapshotCollector(Collector):
         yield from self._health(snapshot)
         yield from self._verdicts(snapshot)
         yield from self._signals(snapshot)
-        yield from self._latest(snapshot.gpu_latest)
-        yield from self._latest(snapshot.process_latest)
-        yield from self._latest(snapshot.gil_latest)
+        for samples in snapshot.latest.values():
+            yield from self._latest(samples)
 
     def _health(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = GaugeMetricFamily(f"{PREFIX}_source_up", "1 when the source's last collection succeeded.", labels=["source"])

@@ -254,9 +254,7 @@ class Snapshot:
     window_seconds: float
     discovery: dict[str, Any] = field(default_factory=dict)
     primary: str | None = None  # the verdict the report leads with (see diagnosis.engine.rank)
-    gpu_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last GPU Reading, as read
-    process_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last process Reading, as read
-    gil_latest: dict[SeriesKey, float] = field(default_factory=dict)  # the last py-spy windows, as read
+    latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = json_safe(
@@ -269,7 +267,7 @@ class Snapshot:
                 "sources": {s.source: s.to_json() for s in self.sources},
                 "signals": self.signals,
                 "discovery": self.discovery,
-                "gpus": _gpus_json(self.gpu_latest),
+                "gpus": _gpus_json(self.latest.get(GPU_SOURCE, {})),
             }
         )
         return record

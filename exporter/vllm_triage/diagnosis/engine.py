@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from ..discovery import Discovery, discover
 from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, compute_signals
+from ..registry import SOURCES, SOURCES_BY_NAME
+from ..signals import compute_signals
 from ..signals import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
 from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
@@ -167,9 +168,10 @@ class Engine:
             """scope -> signals for one source and window, the aggregate under AGGREGATE_SCOPE."""
             if (source, window) not in cache:
                 view = signals_window(store, source, now, window)
-                table = {GPU_SOURCE: GPU_SIGNALS, PROCESS_SOURCE: HOST_SIGNALS, GIL_SOURCE: GIL_SIGNALS}.get(source, SIGNALS)
+                spec = SOURCES_BY_NAME[source]
+                table = spec.signals
                 # vLLM engines and GPUs are judged one by one; host signals are per role already.
-                per_role = source in (PROCESS_SOURCE, GIL_SOURCE)
+                per_role = spec.per_role
                 scopes = view.scopes() if not per_role else []
                 per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
                 if per_scope or (per_role and view.frames):
@@ -237,9 +239,7 @@ class Engine:
             evaluations=self.evaluations,
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
-            gpu_latest=gpu.samples if (gpu := store.latest(GPU_SOURCE)) is not None and gpu.ok else {},
-            process_latest=process.samples if (process := store.latest(PROCESS_SOURCE)) is not None and process.ok else {},
-            gil_latest=gil.samples if (gil := store.latest(GIL_SOURCE)) is not None and gil.ok else {},
+            latest={spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := store.latest(spec.name)) is not None and r.ok},
         )
 
     def _fresh(self, health: SourceHealth, now: float) -> bool:

@@ -1,0 +1,108 @@
+"""The sources the sidecar can run, one entry each: its name, cadence, how it is built, its signal
+table and whether its last reading is exported as read. The daemon, the config's `sources` setting, the
+engine and the snapshot read this table: adding a source is an entry here plus its module in sources/."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
+from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
+from .sources.gil import GilSource
+from .sources.gpu import GpuSource
+from .sources.process import ProcessSource
+from .sources.vllm import VllmSource
+
+if TYPE_CHECKING:
+    from .config import Config
+
+Clock = Callable[[], float]
+LatestProcesses = Callable[[], Reading | None]  # the last process Reading: who vLLM's processes are
+
+
+@dataclass(frozen=True)
+class SourceLoop:
+    """One source as the daemon runs it: collect every `interval` seconds, close at the end."""
+
+    name: str
+    interval: float
+    collect: Callable[[], Awaitable[Reading]]
+    close: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    name: str
+    build: Callable[[Config, Clock, LatestProcesses], SourceLoop]
+    signals: tuple[SignalDef, ...]  # computed per scope (engine, GPU), or once over roles when per_role
+    per_role: bool = False
+    exports_latest: bool = False  # its last reading is exported as read (vllm_triage_<name>_*), like dcgm-exporter
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _pids_by_role(latest: LatestProcesses) -> list[tuple[str, int]]:
+    reading = latest()
+    return [(str(p["role"]), int(p["pid"])) for p in reading.meta.get("processes", [])] if reading is not None else []
+
+
+def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
+    """The first process of each role (index 0): the one the GIL source samples."""
+    chosen: dict[str, int] = {}
+    for role, pid in processes:
+        chosen.setdefault(role, pid)
+    return chosen
+
+
+def _vllm(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
+    source = VllmSource(
+        config.vllm_url,
+        config.metrics_path,
+        config.scrape_timeout_seconds,
+        config.connect_timeout_seconds,
+        config.max_page_bytes,
+        clock,
+        config.max_series,
+        config.max_engines,
+        config.max_label_value_length,
+    )
+    return SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, source.collect, source.close)
+
+
+def _process(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
+    source = ProcessSource(config.vllm_port, config.process_title_prefix, clock)  # psutil blocks: a worker thread
+    return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, source.collect), _nothing)
+
+
+def _gil(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
+    source = GilSource(lambda: first_pid_by_role(_pids_by_role(latest)), config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
+    return SourceLoop(GIL_SOURCE, config.gil_interval_seconds, source.collect, source.close)
+
+
+def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
+    source = GpuSource(config.gpus, lambda: [pid for _, pid in _pids_by_role(latest)], config.gpm, clock, gpus_file=config.gpus_file)
+
+    async def close() -> None:
+        source.close()
+
+    return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, source.collect), close)  # NVML blocks
+
+
+SOURCES: tuple[SourceSpec, ...] = (
+    SourceSpec(VLLM_SOURCE, _vllm, SIGNALS),
+    SourceSpec(PROCESS_SOURCE, _process, HOST_SIGNALS, per_role=True, exports_latest=True),
+    SourceSpec(GPU_SOURCE, _gpu, GPU_SIGNALS, exports_latest=True),
+    SourceSpec(GIL_SOURCE, _gil, GIL_SIGNALS, per_role=True, exports_latest=True),
+)
+SOURCES_BY_NAME = {s.name: s for s in SOURCES}
+
+
+def build_sources(config: Config, clock: Clock, latest_processes: LatestProcesses) -> list[SourceLoop]:
+    """The configured sources, in the table's order (the process source first: the others map its processes)."""
+    return [spec.build(config, clock, latest_processes) for spec in SOURCES if spec.name in config.sources]
