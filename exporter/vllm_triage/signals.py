@@ -377,7 +377,8 @@ def _quantiles(metric: str, family: str, what: str, qs: tuple[float, ...]) -> li
             family,
             f"{what}, quantile over requests in the window (from histogram deltas).",
             _quantile(metric, q),
-            (("quantile", str(q)),),
+            # not `quantile`: Prometheus reserves that label for summaries (promtool check metrics refuses it on a gauge)
+            (("percentile", f"{q * 100:g}"),),
         )
         for q in qs
     ] + [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
-from vllm_triage.capture import read_readings
+from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.diagnosis.conditions import CONDITIONS
@@ -176,10 +177,11 @@ def test_landing_page_links_the_endpoints():
     assert b"kv_cache_saturated" in body
 
 
-@pytest.mark.parametrize("capture", ["gpu-starved-h200.jsonl.gz", "gpu-h200-phases.jsonl.gz"])
+@pytest.mark.parametrize("capture", ["gpu-starved-h200.jsonl.gz", "gpu-h200-phases.jsonl.gz", "demo"])
 def test_exposition_of_every_layer_passes_promtool_check_metrics(capture):
     """Every family the sidecar exports, fed by real readings of all four sources, linted as node_exporter's are."""
-    readings = list(read_readings(Path(__file__).resolve().parents[1] / "data" / capture))
+    path = demo_capture_path() if capture == "demo" else Path(__file__).resolve().parents[1] / "data" / capture
+    readings = list(read_readings(path))
     clock = {"t": readings[0].timestamp}
     daemon = Daemon(load(env={}), clock=lambda: clock["t"])
     for r in readings[:300]:
@@ -266,3 +268,28 @@ def test_a_format_is_rendered_once_asked_for_and_then_on_every_tick():
     assert daemon.exposition.rendered(openmetrics=True) is None
     daemon.tick()
     assert daemon.exposition.rendered(openmetrics=False) is not None  # asked for once: ready on every tick
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "exposition.golden.txt"
+
+
+def test_the_whole_exposition_matches_the_golden_file():
+    """node_exporter's end-to-end test: the demo (a real vLLM on the H200, all four sources) replayed to
+    minute 6 and rendered; every family, label and value the sidecar exports, against a committed file.
+    The sidecar's own process_*/python_* footprint and build versions vary by machine and are left out.
+    After an intended change: UPDATE_GOLDEN=1 pytest tests/unit/test_outlets.py -k golden, and review the diff."""
+    readings = list(read_readings(demo_capture_path()))
+    clock = {"t": readings[0].timestamp}
+    daemon = Daemon(load(env={}), clock=lambda: clock["t"])
+    for reading in readings:
+        if reading.timestamp > readings[0].timestamp + 370:
+            break
+        clock["t"] = reading.timestamp
+        daemon.ingest(reading)
+        daemon.tick()
+    text = daemon.exposition.render(openmetrics=False).decode()
+    own = ("process_", "python_", "vllm_triage_build_info", "# HELP process_", "# TYPE process_", "# HELP python_", "# TYPE python_")
+    kept = "".join(line + "\n" for line in text.splitlines() if not line.startswith(own))
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(kept)
+    assert kept == GOLDEN.read_text(), "the exposition changed: UPDATE_GOLDEN=1 to accept it after reviewing the diff"
