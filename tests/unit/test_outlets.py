@@ -281,11 +281,11 @@ def test_the_whole_exposition_matches_the_golden_file():
     readings = list(read_readings(demo_capture_path()))
     clock = {"t": readings[0].timestamp}
     daemon = Daemon(load(env={}), clock=lambda: clock["t"])
-    for reading in readings:
-        if reading.timestamp > readings[0].timestamp + 370:
+    for recorded in readings:
+        if recorded.timestamp > readings[0].timestamp + 370:
             break
-        clock["t"] = reading.timestamp
-        daemon.ingest(reading)
+        clock["t"] = recorded.timestamp
+        daemon.ingest(recorded)
         daemon.tick()
     text = daemon.exposition.render(openmetrics=False).decode()
     own = ("process_", "python_", "vllm_triage_build_info", "# HELP process_", "# TYPE process_", "# HELP python_", "# TYPE python_")
