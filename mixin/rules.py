@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, Condition
+from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, Condition
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
@@ -59,6 +59,9 @@ def condition_alerts() -> list[dict[str, Any]]:
     return rules
 
 
+# VllmKvCacheFull judges what kv_cache_saturated judges, with the table's own defaults.
+_KV_SATURATED = {t.name: t.default for t in CONDITIONS_BY_ID["kv_cache_saturated"].thresholds}
+
 VLLM_ALERTS: list[dict[str, Any]] = [
     {
         "alert": "VllmKvCacheFull",
@@ -66,7 +69,8 @@ VLLM_ALERTS: list[dict[str, Any]] = [
         # real vLLM with 39 blocks averaged 0.90-0.95), and requests queueing: the sidecar's
         # kv_cache_saturated, computed by Prometheus alone.
         "expr": (
-            f"{_kv_over_time('avg_over_time', '5m')} >= 0.8 and {_kv_over_time('max_over_time', '5m')} >= 0.99"
+            f"{_kv_over_time('avg_over_time', '5m')} >= {_KV_SATURATED['usage_min']:g}"
+            f" and {_kv_over_time('max_over_time', '5m')} >= {_KV_SATURATED['usage_peak_min']:g}"
             " and avg_over_time(vllm:num_requests_waiting[5m]) > 0"
         ),
         "for": "5m",
