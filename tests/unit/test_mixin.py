@@ -59,3 +59,17 @@ def test_recording_rules_follow_level_metric_operations():
     for rule in mixin.RECORDING_RULES:
         level, metric, operations = rule["record"].split(":")
         assert level and metric and operations
+
+
+def test_every_drill_down_panel_queries_a_family_the_sidecar_exports():
+    """The conditions dashboard's panels name exported families by hand: each must be in the golden
+    exposition (the demo's real readings of all four sources), or its panel is blank."""
+    import re
+
+    from mixin.dashboards import DRILL_DOWN
+
+    golden = (ROOT / "tests" / "data" / "exposition.golden.txt").read_text()
+    exported = set(re.findall(r"^# TYPE (\S+)", golden, re.MULTILINE))
+    missing = [(cid, family) for cid, items in DRILL_DOWN.items() for family, _ in items if family not in exported]
+    assert not missing, missing
+    assert set(DRILL_DOWN) == {c.id for c in CONDITIONS} - {"vllm_unreachable"}  # its panel is the source health row
