@@ -16,9 +16,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tests.integration import vllm_server
-from tests.integration.conftest import start_sidecar
-from tests.integration.load import run_load
+from tests.support import vllm_server
+from tests.support.components import start_sidecar
+from tests.support.load import run_load
 
 
 def one_run(server: vllm_server.VllmServer, tmp: Path, gil: bool, seconds: float, gil_interval: float, window: float, rate: int) -> float:

@@ -1,4 +1,4 @@
-"""The labelled scenario suite (make scenarios): every scenario of tests/integration/scenarios.py on the
+"""The labelled scenario suite (make scenarios): every scenario of tests/support/scenarios.py on the
 real vLLM (CPU build) at normal priority and the default settings, then the real H200 captures replayed at
 the default and short settings. Prints one row per phase and condition: detected (seconds after the phase
 started), cleared (seconds after it ended), and every false active with its duration. Nothing is enforced.
@@ -19,7 +19,7 @@ from vllm_triage.config import load
 from vllm_triage.pipeline import replay
 
 from tests.gpu.truth import read_phases
-from tests.integration.scenarios import SCENARIOS, run
+from tests.support.scenarios import SCENARIOS, run
 from tests.unit.test_real_vllm_captures import CPU_BOUND, GPU_HEAVY, SERVING
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"

@@ -23,8 +23,8 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from tests.integration import vllm_server
-from tests.integration.conftest import start_load, start_sidecar
+from tests.support import vllm_server
+from tests.support.components import start_load, start_sidecar
 
 
 def percentile(values: list[float], q: float) -> float:

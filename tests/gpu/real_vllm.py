@@ -26,8 +26,8 @@ from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config import load
 
-from tests.integration.load import Phase, run_load
-from tests.integration.vllm_server import wait_healthy
+from tests.support.load import Phase, run_load
+from tests.support.vllm_server import wait_healthy
 
 PORT = 8000
 URL = f"http://127.0.0.1:{PORT}"

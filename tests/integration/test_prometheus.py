@@ -10,8 +10,7 @@ import time
 import pytest
 
 from mixin.dashboards import DASHBOARDS, panel_queries
-
-from .conftest import FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
+from tests.support.components import FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .conftest import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get, start_load, start_sidecar
+from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get, start_load, start_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vl
         assert kv["scopes"] == ["tiny/0"]
         assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["value"] >= 0.8 for e in kv["evidence"])
         assert sidecar.active()["client_underload"] == 0.0
-        assert sidecar.wait_for(lambda: sidecar.active()["preemption_storm"] == 1.0, 30, "preemption_storm active") >= 0
+        sidecar.wait_for(lambda: sidecar.active()["preemption_storm"] == 1.0, 30, "preemption_storm active")  # fails the test if never
         # the host layer sees the load: vLLM's API server and engine core work harder than at idle
         host = sidecar.diagnosis()["signals"]["host"]
         for role, idle in IDLE_CPU.items():

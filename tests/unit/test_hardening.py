@@ -19,7 +19,7 @@ from vllm_triage.cli import main
 from vllm_triage.config import ConfigError, load
 from vllm_triage.sources.vllm import redact_url
 
-from tests.integration.conftest import get, start_sidecar
+from tests.support.components import get, start_sidecar
 
 from .pages import Counters, page
 from .test_outlets import families, saturated_daemon, serve_and_get

@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from . import vllm_server
-from .conftest import FAST_CADENCE, FAST_CONDITIONS, Sidecar, start_load, start_sidecar
+from .components import FAST_CADENCE, FAST_CONDITIONS, Sidecar, start_load, start_sidecar
 from .load import Phase as LoadPhase
 
 # Conditions that may be active in a loaded phase without being its truth (latency follows load on a

@@ -1,0 +1,183 @@
+"""Real components shared by the tests, the scenario suite and the benchmarks: the sidecar as a subprocess,
+client load as a subprocess (killed to stop, as a client would), a real Prometheus, and the short settings
+the integration tests judge with."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import vllm_server
+
+REPO = Path(__file__).resolve().parents[2]
+# Short windows and frequent samples (a config file, as a user would write one) so that detect-and-clear
+# cycles fit in CI; each test adds the per-condition durations it needs.
+FAST_CADENCE = """
+window_seconds: 10
+scrape_interval_seconds: 1
+tick_seconds: 1
+gil_interval_seconds: 10
+gil_window_seconds: 3
+"""
+# `for` / `clear_for` of seconds instead of minutes, so that a test sees verdicts come and go.
+FAST_CONDITIONS = """conditions:
+  vllm_unreachable: {for_seconds: 3, clear_for_seconds: 3}
+  kv_cache_saturated: {for_seconds: 3, clear_for_seconds: 5}
+  queue_backlog: {for_seconds: 3, clear_for_seconds: 5}
+  preemption_storm: {for_seconds: 3, clear_for_seconds: 5}
+  client_underload: {for_seconds: 5, clear_for_seconds: 5}
+  kv_fragmentation_suspected: {for_seconds: 3, clear_for_seconds: 5}
+  ttft_high: {for_seconds: 3, clear_for_seconds: 5}
+"""
+BIN = Path(sys.executable).parent
+
+
+def get(url: str, timeout: float = 15.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@dataclass
+class Sidecar:
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def metrics(self) -> dict[str, list]:
+        status, body = get(self.url + "/metrics")
+        assert status == 200
+        return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+
+    def active(self) -> dict[str, float]:
+        return {s.labels["condition"]: s.value for s in self.metrics()["vllm_triage_condition_active"]}
+
+    def diagnosis(self) -> dict:
+        status, body = get(self.url + "/diagnosis")
+        assert status == 200, body
+        return json.loads(body)
+
+    def condition(self, name: str) -> dict:
+        return next(c for c in self.diagnosis()["conditions"] if c["condition"] == name)
+
+    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.5) -> float:
+        """Seconds until predicate() holds; fails with the sidecar's view if it never does."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if predicate():
+                return time.monotonic() - started
+            time.sleep(interval)
+        states = {c["condition"]: c["state"] for c in self.diagnosis()["conditions"]}
+        pytest.fail(f"{what}: not seen within {timeout:.0f} s; conditions: {states}")
+
+
+def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str) -> Sidecar:
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(config_text)
+    port = vllm_server.free_port()
+    log_path = tmp_path / "sidecar.log"
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [str(BIN / "vllm-triage"), "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if get(sidecar.url + "/readyz", timeout=1)[0] == 200:
+                return sidecar
+        except OSError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"sidecar not ready within 30 s: {log_path.read_text()}")
+
+
+@dataclass
+class Load:
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        """Clients go away: connections close and vLLM aborts their requests."""
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+
+def start_load(url: str, clients: int, prompt_words: int, max_tokens: int, seconds: float = 600) -> Load:
+    command = [
+        sys.executable, "-m", "tests.support.load", "--url", url, "--model", vllm_server.MODEL_NAME,
+        "--clients", str(clients), "--seconds", str(seconds),
+        "--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens),
+    ]  # fmt: skip
+    return Load(subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+
+@dataclass
+class Prometheus:
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def api(self, path: str, **params: str) -> dict:
+        query = urllib.parse.urlencode(params)
+        status, body = get(f"{self.url}/api/v1/{path}?{query}", timeout=30)
+        assert status == 200, body
+        return json.loads(body)["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("query", query=expr)["result"]
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict]:
+        return self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="1")["result"]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+def start_prometheus(tmp_path: Path, jobs: dict[str, list[tuple[str, dict[str, str]]]], rule_file: Path) -> Prometheus:
+    """A real Prometheus (Debian's package) on loopback, scraping every second."""
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rule_file)],
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": [target], "labels": labels} for target, labels in targets]} for job, targets in jobs.items()
+        ],
+    }
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    port = vllm_server.free_port()
+    log = open(tmp_path / "prometheus.log", "wb")
+    process = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={path}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    prometheus = Prometheus(process, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if get(f"{prometheus.url}/-/ready", timeout=1)[0] == 200:
+                return prometheus
+        except OSError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise RuntimeError(f"Prometheus not ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
