@@ -163,7 +163,7 @@ class FaultyProxy:
         self._loop.run_forever()
 
     async def _start(self) -> None:
-        session = aiohttp.ClientSession()
+        self._session = session = aiohttp.ClientSession()
 
         async def handle(request: web.Request) -> web.StreamResponse:
             draw = self.random.random()
@@ -182,11 +182,16 @@ class FaultyProxy:
 
         app = web.Application()
         app.router.add_get("/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
+        self._runner = runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
 
+    async def _close(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
     def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
