@@ -248,13 +248,13 @@ def run(scenario: Scenario, settings: str = "default", scale: float = 1.0) -> Re
                     for load in loads:
                         load.stop()
                     loads = []
+                    starts.append(time.monotonic())  # before the action: a restart's outage belongs to its phase
                     if phase.action == "kill":
                         server.kill()
                     elif phase.action == "restart":
                         server.kill()
                         restarted = vllm_server.start(tmp / "vllm-restarted.log", port=server.port, niceness=0)
                         server.process = restarted.process
-                    starts.append(time.monotonic())
                     if phase.clients:
                         loads.append(start_load(server.url, phase.clients, phase.prompt_words, phase.max_tokens))
                     for _, phases, _, other in others:  # the second server's phases run alongside, same lengths
