@@ -25,7 +25,9 @@ class Pipeline:
             config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after()
         )
         # Keep a little more than the longest window so edge frames are always present.
-        self.store = Store(horizon_seconds=self.engine.horizon_seconds + 4 * config.scrape_interval_seconds)
+        margin = 4 * config.scrape_interval_seconds
+        horizons = {source: seconds + margin for source, seconds in self.engine.horizons.items()}
+        self.store = Store(horizon_seconds=self.engine.horizon_seconds + margin, horizons=horizons)
         self.tick_seconds = config.tick_seconds
 
     def feed(self, reading: Reading) -> None:

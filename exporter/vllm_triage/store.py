@@ -95,10 +95,12 @@ class _SourceState:
 
 
 class Store:
-    """Keeps `horizon_seconds` of frames per source; older frames are dropped as new ones arrive."""
+    """Keeps `horizon_seconds` of frames per source (a source in `horizons` its own); older frames are
+    dropped as new ones arrive."""
 
-    def __init__(self, horizon_seconds: float, max_frames: int = 5000) -> None:
+    def __init__(self, horizon_seconds: float, max_frames: int = 5000, horizons: dict[str, float] | None = None) -> None:
         self.horizon_seconds = horizon_seconds
+        self.horizons = dict(horizons or {})
         self.max_frames = max_frames
         self._sources: dict[str, _SourceState] = {}
 
@@ -125,7 +127,7 @@ class Store:
             state.timestamps.append(reading.timestamp)
         elif state.failing_since is None:
             state.failing_since = reading.timestamp
-        cutoff = reading.timestamp - self.horizon_seconds
+        cutoff = reading.timestamp - self.horizons.get(reading.source, self.horizon_seconds)
         while state.frames and (state.timestamps[0] < cutoff or len(state.frames) > self.max_frames):
             state.frames.popleft()
             state.timestamps.popleft()

@@ -17,11 +17,12 @@ from vllm_triage import daemon as daemon_module
 from vllm_triage.capture import CaptureError, read_readings
 from vllm_triage.cli import main
 from vllm_triage.config import ConfigError, load
+from vllm_triage.model import Reading
 from vllm_triage.sources.vllm import redact_url
 
 from tests.support.components import get, start_sidecar
 
-from .pages import Counters, page
+from .pages import Counters, page, reading
 from .test_outlets import families, saturated_daemon, serve_and_get
 from .test_vllm_source import free_port
 
@@ -268,3 +269,19 @@ def test_churning_label_sets_are_bounded_by_bytes_not_entries():
         model.make_labels({"engine": "0", "model_name": f"{i:04096d}"})
     assert model._interned_bytes <= model.MAX_INTERNED_LABEL_BYTES
     assert sum(len(v) for labels in model._INTERNED_LABELS for _, v in labels) <= model.MAX_INTERNED_LABEL_BYTES
+
+
+def test_history_is_kept_per_source_only_as_long_as_its_windows_need():
+    """vLLM pages for the longest window (60 s + a few scrapes), py-spy windows for their 3-minute lookback:
+    keeping every page as long as the py-spy lookback tripled the memory under label churn."""
+    from vllm_triage.model import GIL_SOURCE
+    from vllm_triage.pipeline import Pipeline
+
+    pipeline = Pipeline(load(env={}))
+    for t in range(0, 600, 2):
+        pipeline.feed(reading(float(t), page(1, 0, 0.1, Counters())))
+        if t % 60 == 0:
+            pipeline.feed(Reading(GIL_SOURCE, float(t), True, {}))
+    kept = {source: len(pipeline.store.window(source, 0, 600)) for source in ("vllm", GIL_SOURCE)}
+    assert kept["vllm"] <= (60 + 8) // 2 + 1
+    assert kept[GIL_SOURCE] >= 3

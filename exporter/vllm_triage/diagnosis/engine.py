@@ -151,7 +151,13 @@ class Engine:
     @property
     def horizon_seconds(self) -> float:
         """How much history the store must keep for the longest window."""
-        return max([self.window_seconds, GIL_LOOKBACK_SECONDS] + [self.settings[c.id].window_seconds for c in self.conditions])
+        return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
+
+    @property
+    def horizons(self) -> dict[str, float]:
+        """Sources that need more history than the windows: py-spy's windows come minutes apart, and
+        only they are kept for GIL_LOOKBACK_SECONDS (every vLLM page for 3 minutes cost 3x the memory)."""
+        return {GIL_SOURCE: max(self.horizon_seconds, GIL_LOOKBACK_SECONDS)}
 
     def evaluate(self, store: Store, now: float) -> Snapshot:
         sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
