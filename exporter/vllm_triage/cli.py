@@ -242,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             return _record(args, config)
         if args.command == "trace":
-            summaries = [traces.summarize(path, top=max(1, args.top), slices=max(1, args.slices)) for path in traces.trace_files(args.trace)]
+            summaries, skipped = traces.summarize_paths(args.trace, top=max(1, args.top), slices=max(1, args.slices))
+            for note in skipped:
+                print(f"vllm-triage: {note}", file=sys.stderr)
             if args.json:
                 print(json.dumps([s.to_json() for s in summaries], indent=2))
             else:

@@ -30,6 +30,10 @@ class TraceError(Exception):
     """A file that is not a readable torch profiler trace; the message names the file and the problem."""
 
 
+class NoGpuActivity(TraceError):
+    """A readable trace without GPU rows: a host-only profile, such as vLLM's frontend (`*.async_llm.*`)."""
+
+
 @dataclass
 class GpuSummary:
     device: str
@@ -62,19 +66,37 @@ class TraceSummary:
         return asdict(self)
 
 
-def trace_files(paths: list[str]) -> list[Path]:
-    """The files named, and the traces (*.pt.trace.json[.gz]) in the folders named: one per worker under TP."""
-    found: list[Path] = []
+def trace_files(paths: list[str]) -> list[tuple[Path, bool]]:
+    """The files named, and the traces (*.pt.trace.json[.gz]) in the folders named (one per worker under
+    TP, and the frontend's); each with whether it was found in a folder."""
+    found: list[tuple[Path, bool]] = []
     for name in paths:
         path = Path(name)
         if path.is_dir():
             inside = sorted(p for p in path.iterdir() if p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")))
             if not inside:
                 raise TraceError(f"{path}: no *.pt.trace.json[.gz] files in this folder")
-            found += inside
+            found += [(p, True) for p in inside]
         else:
-            found.append(path)
+            found.append((path, False))
     return found
+
+
+def summarize_paths(paths: list[str], top: int = 5, slices: int = 10) -> tuple[list[TraceSummary], list[str]]:
+    """Summaries of the traces named and of those in the folders named, and notes on what was skipped.
+    vLLM's profiler folder also holds the frontend's trace, which has no GPU rows: skipped there with a
+    note; a file named on its own must have them."""
+    summaries, skipped = [], []
+    for path, in_folder in trace_files(paths):
+        try:
+            summaries.append(summarize(path, top=top, slices=slices))
+        except NoGpuActivity as exc:
+            if not in_folder:
+                raise
+            skipped.append(f"skipped {exc}")
+    if not summaries:
+        raise TraceError(f"no trace with GPU activity in {', '.join(paths)}: " + "; ".join(skipped))
+    return summaries, skipped
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
@@ -142,7 +164,7 @@ def summarize(path: Path, top: int = 5, slices: int = 10) -> TraceSummary:
     events = [e for e in load_events(path) if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
     gpu_events = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     if not gpu_events:
-        raise TraceError(f"{path}: no GPU activity (kernel, gpu_memcpy, gpu_memset) in the trace: was CUDA profiled?")
+        raise NoGpuActivity(f"{path}: no GPU activity (kernel, gpu_memcpy, gpu_memset) in the trace: a host-only profile, or was CUDA not profiled?")
     start = min(e["ts"] for e in events)
     end = max(e["ts"] + e["dur"] for e in events)
     window = max(end - start, 1e-9)

@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_triage import traces as traces_module
 from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config import load
@@ -43,12 +44,16 @@ class Scenario:
     truth: str  # what each phase must show, written before the run
 
 
+PROFILE_DIR = Path("/tmp/vllm-profile")  # vLLM's torch_profiler_dir; each profile is moved to OUT_DIR/traces/<phase>
+PROFILE_SECONDS = 1.0  # an eager 1B model writes ~10 MB of gzip trace per second
+SERVING_FLAGS = ("--max-num-seqs", "32", "--num-gpu-blocks-override", "48", "--block-size", "16", "--max-model-len", "512")
+
 SCENARIOS = {
     # The demo: a 1B Llama with a 48-block KV cache (block 16: 768 tokens), max 32 sequences.
     # Phase lengths let every verdict rise and clear at the default settings.
     "serving": Scenario(
         "1b",
-        ("--max-num-seqs", "32", "--num-gpu-blocks-override", "48", "--block-size", "16", "--max-model-len", "512"),
+        SERVING_FLAGS,
         (
             Phase("idle", 30),
             Phase("underload", 190, 2, 40, 160),
@@ -76,7 +81,19 @@ SCENARIOS = {
         "prefill's. Whether either crosses compute_bound's or memory_bandwidth_bound's thresholds is what this "
         "run measures (eager mode, one 1B model).",
     ),
+    # vLLM's own profiler (REFERENCE.md §3) on the serving setup: a 1 s torch profile late in each loaded
+    # phase, once the sidecar's verdict for that phase has had time to rise; `vllm-triage trace` summarises.
+    "profiled": Scenario(
+        "1b",
+        (*SERVING_FLAGS, "--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(PROFILE_DIR), "torch_profiler_with_stack": False})),
+        (Phase("idle", 10), Phase("underload", 190, 2, 40, 160), Phase("kv_saturation", 150, 40, 40, 160), Phase("recovery", 20)),
+        "underload (profile at 170 s): the sidecar says client_underload (or gpu_starved launch_overhead if the engine "
+        "core's thread is saturated); the trace shows the GPU busy well under half the window with many short gaps "
+        "between steps (the host's pace, not the GPU's). kv_saturation (profile at 120 s): the sidecar says "
+        "kv_cache_saturated; the trace shows the GPU busier than in underload, no GPU-side verdict.",
+    ),
 }
+PROFILE_AT = {"underload": 170.0, "kv_saturation": 120.0}
 
 
 MODEL_SHAPES = {  # Llama configs; the word-level tokenizer of the staging payload (vocab 768)
@@ -130,17 +147,42 @@ def save_page(path: Path) -> None:
         path.write_bytes(response.read())
 
 
+def post(path: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(URL + path, method="POST"), timeout=300).read()
+
+
+async def take_profile(after: float, target: Path, profiles: list[tuple[str, float, float]]) -> None:
+    """A PROFILE_SECONDS torch profile `after` seconds from now, its files moved to `target`."""
+    await asyncio.sleep(after)
+    started = time.time()
+    await asyncio.to_thread(post, "/start_profile")
+    await asyncio.sleep(PROFILE_SECONDS)
+    await asyncio.to_thread(post, "/stop_profile")
+    profiles.append((target.name, started, time.time()))
+    target.mkdir(parents=True, exist_ok=True)
+    for path in PROFILE_DIR.iterdir():
+        path.rename(target / path.name)
+    print(f"  profiled {target.name}: {sorted(p.name for p in target.iterdir())}", flush=True)
+
+
 async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]]) -> None:
+    profiles: list[tuple[str, float, float]] = []
     for phase in scenario.phases:
         marks.append((phase.name, time.time()))
         print(f"{time.strftime('%H:%M:%S')} {name}: phase {phase.name} ({phase.seconds:.0f} s, {phase.clients} clients)", flush=True)
         if phase.clients:
-            result = await run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+            load = run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+            if name == "profiled":
+                result, _ = await asyncio.gather(load, take_profile(PROFILE_AT[phase.name], out / "traces" / phase.name, profiles))
+            else:
+                result = await load
             await asyncio.to_thread(save_page, out / f"{name}-{phase.name}.metrics.txt")
             print(f"  {result}", flush=True)
         else:
             await asyncio.sleep(phase.seconds)
     marks.append(("end", time.time()))
+    if profiles:
+        (out / f"{name}-profiles.json").write_text(json.dumps(profiles))
 
 
 async def record(scenario: Scenario, name: str, out: Path) -> None:
@@ -178,7 +220,21 @@ def main() -> None:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
+        if (out / "traces").is_dir():
+            summarize_traces(out / "traces", out / f"{name}-traces")
         print(f"{time.strftime('%H:%M:%S')} {name}: done", flush=True)
+
+
+def summarize_traces(traces: Path, stem: Path) -> None:
+    """`vllm-triage trace` over each phase's profile: the report and its JSON beside the capture."""
+    reports, summaries = [], {}
+    for phase in sorted(traces.iterdir()):
+        found, _ = traces_module.summarize_paths([str(phase)])
+        summaries[phase.name] = [s.to_json() for s in found]
+        reports.append(f"## {phase.name}\n\n" + "\n\n".join(traces_module.report(s) for s in found))
+    stem.with_suffix(".json").write_text(json.dumps(summaries, indent=1))
+    stem.with_suffix(".txt").write_text("\n\n".join(reports))
+    print(stem.with_suffix(".txt").read_text()[:6000], flush=True)
 
 
 if __name__ == "__main__":

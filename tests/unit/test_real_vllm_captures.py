@@ -4,11 +4,14 @@
 - serving: a 1B random Llama, 48 KV blocks of 16, max 32 sequences: idle, 2 clients, 40 clients, recovery.
 - cpu_bound: a tiny Llama, 128 clients of 8-word prompts and 16 tokens: the engine core's Python loop is the limit.
 - gpu_heavy: the 1B Llama, 32 clients of 900-word prompts (prefill), then 128 clients of 400 tokens (decode).
+- profiled: the serving setup again, with vLLM's torch profiler taking 1 s late in each loaded phase
+  (the underload trace is tests/data/vllm-0.26.0-h200-profile-underload/).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from vllm_triage.capture import demo_capture_path, read_description, read_readin
 from vllm_triage.config import Config, load
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.pipeline import replay
+from vllm_triage.traces import summarize_paths
 
 from tests.gpu.truth import check, read_phases
 
@@ -26,7 +30,20 @@ ALL = {c.id for c in CONDITIONS}
 def capture(name: str) -> tuple[Path, list[tuple[str, float, float]]]:
     # the serving capture is the bundled demo (`make run`): one copy, in the package
     path = demo_capture_path() if name == "serving" else DATA / f"real-vllm-h200-{name}.jsonl.gz"
-    return path, read_phases(DATA / f"real-vllm-h200-{name}.json")
+    phases = read_phases(DATA / f"real-vllm-h200-{name}.json")
+    return path, profiler_stalls(phases) if name == "profiled" else phases
+
+
+def profiler_stalls(phases: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """A 1 s profile froze the engine while the trace was written (12 s in underload, 19 s in saturation:
+    vLLM's gauges stood still, no preemptions). A phase's steady part ends where its profile starts; the
+    stall and the window after it are a phase of their own."""
+    profiles = json.loads((DATA / "real-vllm-h200-profiled-profiles.json").read_text())
+    split = []
+    for name, start, end in phases:
+        profile = next(((s, e) for n, s, e in profiles if n == name), None)
+        split += [(name, start, end)] if profile is None else [(name, start, profile[0]), ("profiler_stall", profile[0], end)]
+    return split
 
 
 def short_settings(tmp_path: Path) -> Config:
@@ -56,7 +73,15 @@ GPU_HEAVY = {
 }
 
 
-@pytest.mark.parametrize(("name", "expected"), [("serving", SERVING), ("cpu_bound", CPU_BOUND), ("gpu_heavy", GPU_HEAVY)])
+PROFILED = {  # idle and recovery are 10 and 20 s here: shorter than a window
+    "underload": SERVING["underload"],
+    "kv_saturation": SERVING["kv_saturation"],
+    # a frozen engine is no evidence of anything new: no verdict the serving phases do not have
+    "profiler_stall": (set(), {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "compute_bound", "memory_bandwidth_bound"}),
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), [("serving", SERVING), ("cpu_bound", CPU_BOUND), ("gpu_heavy", GPU_HEAVY), ("profiled", PROFILED)])
 def test_each_phase_of_the_real_engine_gets_its_verdicts(tmp_path, name, expected):
     path, phases = capture(name)
     assert read_description(path)["truth"], "the truth was written into the capture before the run"
@@ -146,3 +171,20 @@ def test_default_settings_detect_within_window_plus_for_and_never_cry_wolf():
             assert first is not None and first.timestamp - during[0].timestamp <= limit, (phase, condition)
     never = {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "request_errors", "gpu_throttled", "pcie_link_degraded"}
     assert not [(verdict(s, c).condition, s.timestamp) for s in snapshots for c in never if verdict(s, c).active]
+
+
+def test_the_profilers_trace_and_the_sidecar_tell_the_same_story():
+    """At the moment vLLM's profiler ran (default settings), the sidecar's primary verdict and what
+    `vllm-triage trace` finds in the engine's trace agree: in underload the GPU waits on the engine core
+    (gpu_starved; SMs and the trace's busy time both low), in saturation the cache is full and leads."""
+    config = load(env={})
+    snapshots = replayed("profiled", config)
+    profiles = {name: start for name, start, _ in json.loads((DATA / "real-vllm-h200-profiled-profiles.json").read_text())}
+    at = {name: min(snapshots, key=lambda s: abs(s.timestamp - start)) for name, start in profiles.items()}
+    assert at["underload"].primary == "gpu_starved"
+    assert at["kv_saturation"].primary == "kv_cache_saturated" and verdict(at["kv_saturation"], "gpu_starved").role == "secondary"
+    summaries, _ = summarize_paths([str(DATA / "vllm-0.26.0-h200-profile-underload")])
+    (gpu,) = summaries[0].gpus
+    sm_active = at["underload"].signals["gpu:0"]["gpu_sm_active_ratio_mean"]
+    assert gpu.busy_ratio < 0.15 and sm_active < 0.15
+    assert any("gpu_starved" in finding for finding in summaries[0].findings)

@@ -12,6 +12,9 @@ from vllm_triage import cli
 from vllm_triage.traces import TraceError, short_kernel_name, summarize
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "trace-h200.pt.trace.json.gz"
+# vLLM 0.26.0's own profiler output on the H200 (tests/gpu/real_vllm.py, scenario `profiled`): the engine
+# worker's trace (rank0.*) and the API-server frontend's (*.async_llm.*, no GPU rows), as vLLM lays them out
+VLLM_PROFILE = Path(__file__).resolve().parents[1] / "data" / "vllm-0.26.0-h200-profile-underload"
 
 
 def test_the_three_parts_of_the_trace_show_in_the_timeline_and_the_findings():
@@ -51,6 +54,21 @@ def test_a_folder_of_worker_traces_gets_one_summary_per_worker(tmp_path, capsys)
     (tmp_path / "empty").mkdir()
     assert cli.main(["trace", str(tmp_path / "empty")]) == 2
     assert "no *.pt.trace.json" in capsys.readouterr().err
+
+
+def test_vllms_profiler_folder_is_summarised_and_the_frontends_trace_skipped_with_a_note(capsys):
+    """An eager 1B Llama serving 2 clients: the GPU idles between thousands of tiny kernels a second."""
+    assert cli.main(["trace", str(VLLM_PROFILE), "--json"]) == 0
+    captured = capsys.readouterr()
+    (worker,) = json.loads(captured.out)
+    assert Path(worker["file"]).name.startswith("rank0.")
+    assert "skipped" in captured.err and "async_llm" in captured.err and "no GPU activity" in captured.err
+    (gpu,) = worker["gpus"]
+    assert gpu["busy_ratio"] < 0.15 and gpu["kernels"] > 5000 and gpu["tiny_kernels"] > 0.7 * gpu["kernels"]
+    assert any("gpu_starved" in finding for finding in worker["findings"])
+    frontend = next(VLLM_PROFILE.glob("*.async_llm.*"))
+    assert cli.main(["trace", str(frontend)]) == 2  # named on its own, a host-only trace is an error
+    assert "no GPU activity" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

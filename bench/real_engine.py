@@ -1,0 +1,229 @@
+"""Costs measured beside the real vLLM 0.26.0 on the H200 (runs ON the GPU machine, after
+tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
+
+    python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS]   what py-spy costs the engine (ISSUE: < 2 % at the default duty)
+    python3 -m bench.real_engine OUT_DIR cost            the sidecar beside nvitop-exporter, one run, same load
+
+gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
+is the limit, where py-spy's pauses cost the most) under one continuous load; each 60 s window runs a
+fresh sidecar with all four sources (GIL on, default duty: a 5 s window per role every 60 s) or with
+vllm,process,gpu (GIL off). Throughput is vLLM's own generation-token counter over the window; windows
+go off/on, on/off, ... so that drift cancels out. Prints and writes `gil_ab.json`.
+
+cost: the 1B model serving 32 clients; the sidecar (all defaults) and nvitop-exporter (its default 1 s
+interval; the reference GPU exporter) run side by side over the same window, each scraped every 15 s as
+Prometheus would; then the sidecar with the GPU source only. CPU as a share of one core, RSS, and
+/metrics latency with 1 and 50 scrapers. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
+Prints and writes `cost.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
+from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm
+from tests.support.load import run_load
+
+SIDECAR_PORT = 9400
+NVITOP_PORT = 9401
+
+
+def generated_tokens() -> float:
+    with urllib.request.urlopen(URL + "/metrics", timeout=10) as response:
+        page = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(page) for s in f.samples if s.name == "vllm:generation_tokens_total")
+
+
+def start_sidecar(folder: Path, sources: str, port: int = SIDECAR_PORT) -> subprocess.Popen[bytes]:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "sidecar.yaml"
+    config.write_text(f"sources: {sources}\nlog_level: warning\n")
+    command = [sys.executable, "-m", "vllm_triage.cli", "serve", "--config", str(config), "--vllm-url", URL, "--listen", f"127.0.0.1:{port}"]
+    return subprocess.Popen(command, stdout=(folder / "sidecar.log").open("wb"), stderr=subprocess.STDOUT)
+
+
+def wait_listening(url: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def fetch_page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
+    scenario = SCENARIOS["cpu_bound"]
+    clients, prompt_words, max_tokens = 128, 8, 16
+    window = 60.0
+    server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "gil_ab-vllm.log")
+    stop_load = asyncio.Event()
+    load = asyncio.create_task(run_load(URL, "tiny", clients, 10 * 3600, prompt_words, max_tokens, stop=stop_load))
+    results: dict[str, list[float]] = {"off": [], "on": []}
+    gil_windows: list[int] = []
+    try:
+        await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
+        for pair in range(pairs):
+            for gil in (False, True) if pair % 2 == 0 else (True, False):
+                arm = "on" if gil else "off"
+                folder = out / f"gil_ab-{pair}-{arm}"
+                sidecar = start_sidecar(folder, "vllm,process,gpu,gil" if gil else "vllm,process,gpu")
+                before, started = await asyncio.to_thread(generated_tokens), time.monotonic()
+                await asyncio.sleep(window)
+                after, ended = await asyncio.to_thread(generated_tokens), time.monotonic()
+                try:
+                    page = await asyncio.to_thread(fetch_page, f"http://127.0.0.1:{SIDECAR_PORT}/metrics")
+                    (folder / "sidecar.metrics.txt").write_text(page)
+                    if gil:  # the on arm really sampled: py-spy windows of both roles are in the page
+                        gil_windows.append(sum(1 for line in page.splitlines() if line.startswith("vllm_triage_gil_held_ratio{")))
+                finally:
+                    stop(sidecar)
+                tokens_per_second = (after - before) / (ended - started)
+                results[arm].append(tokens_per_second)
+                print(f"{time.strftime('%H:%M:%S')} pair {pair + 1} GIL {arm:3}: {tokens_per_second:.0f} generated tokens/s", flush=True)
+    finally:
+        stop_load.set()
+        load.cancel()
+        server.terminate()
+        server.wait(timeout=30)
+    ratios = [on / off for off, on in zip(results["off"], results["on"], strict=True)]
+    summary = {
+        "load": {"model": scenario.model, "flags": list(scenario.flags), "clients": clients, "prompt_words": prompt_words, "max_tokens": max_tokens},
+        "window_seconds": window,
+        "tokens_per_second": results,
+        "on_over_off": ratios,
+        "mean_ratio": statistics.mean(ratios),
+        "spread": [min(ratios), max(ratios)],
+        "gil_series_in_on_pages": gil_windows,
+    }
+    print(
+        f"GIL source at its default duty: throughput on/off = {summary['mean_ratio']:.4f} "
+        f"({(1 - statistics.mean(ratios)) * 100:+.2f} % cost), per pair {', '.join(f'{r:.4f}' for r in ratios)}",
+        flush=True,
+    )
+    return summary
+
+
+def install_nvitop() -> str:
+    target = "/tmp/nvitop"
+    wheels = [str(p) for p in Path(".whl").glob("nvitop*.whl")]
+    if not wheels:
+        raise RuntimeError("carry .whl/ with the nvitop and nvitop-exporter wheels")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", target, *wheels], check=True)
+    return target
+
+
+def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: list[str]) -> dict[str, dict[str, float]]:
+    """CPU (share of one core) and peak-of-end RSS of each process over one window in which every URL is
+    scraped every 15 s, Prometheus-like (the scrapes run in threads so they interleave)."""
+    import concurrent.futures
+
+    before = {name: p.cpu_times() for name, p in processes.items()}
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(len(scrape_urls)) as pool:
+        scrapes = list(pool.map(lambda url: prometheus_like_scrapes(url, seconds, 15.0), scrape_urls))
+    wall = time.monotonic() - started
+    result = {}
+    for name, p in processes.items():
+        after = p.cpu_times()
+        cpu = (after.user + after.system - before[name].user - before[name].system) / wall
+        result[name] = {"cpu_percent_of_core": cpu * 100, "rss_mb": p.memory_info().rss / 1e6}
+    for url, latencies in zip(scrape_urls, scrapes, strict=True):
+        print(f"  {url}: {len(latencies)} Prometheus-like scrapes, slowest {max(latencies) * 1000:.2f} ms", flush=True)
+    return result
+
+
+def latencies(url: str) -> dict[str, float]:
+    one = asyncio.run(scrape_latencies(url, 1, 300))
+    fifty = asyncio.run(scrape_latencies(url, 50, 20))
+    return {
+        "p50_1_ms": statistics.median(one) * 1000,
+        "p99_1_ms": percentile(one, 0.99) * 1000,
+        "p50_50_ms": statistics.median(fifty) * 1000,
+        "p99_50_ms": percentile(fifty, 0.99) * 1000,
+    }
+
+
+def cost(out: Path, seconds: float = 120.0) -> dict[str, object]:
+    nvitop = install_nvitop()
+    scenario = SCENARIOS["serving"]
+    server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "cost-vllm.log")
+    load_command = ["--url", URL, "--model", "tiny", "--clients", "32", "--seconds", "3600", "--prompt-words", "40", "--max-tokens", "160"]
+    load = subprocess.Popen([sys.executable, "-m", "tests.support.load", *load_command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": nvitop}
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(NVITOP_PORT)],
+        stdout=(out / "nvitop-exporter.log").open("wb"), stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    sidecar = start_sidecar(out / "cost-full", "vllm,process,gpu,gil")
+    summary: dict[str, object] = {"machine": f"{psutil.cpu_count()} cores", "window_seconds": seconds}
+    try:
+        sidecar_url, nvitop_url = f"http://127.0.0.1:{SIDECAR_PORT}/metrics", f"http://127.0.0.1:{NVITOP_PORT}/metrics"
+        wait_listening(sidecar_url)
+        wait_listening(nvitop_url)
+        time.sleep(20)  # windows fill; the first py-spy round is over
+        processes = {"sidecar_all_defaults": psutil.Process(sidecar.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
+        summary["side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
+        summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
+        summary["latency_nvitop_exporter"] = latencies(nvitop_url)
+        summary["sidecar_page_bytes"] = len(fetch_page(sidecar_url))
+        stop(sidecar)
+        gpu_only = start_sidecar(out / "cost-gpu", "gpu")
+        try:
+            wait_listening(sidecar_url)
+            time.sleep(10)
+            processes = {"sidecar_gpu_only": psutil.Process(gpu_only.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
+            summary["gpu_only_side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
+        finally:
+            stop(gpu_only)
+    finally:
+        stop(sidecar)
+        stop(exporter)
+        load.kill()
+        server.terminate()
+        server.wait(timeout=30)
+    print(json.dumps(summary, indent=2), flush=True)
+    return summary
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    what = sys.argv[2]
+    if what == "gil_ab":
+        summary = asyncio.run(gil_ab(out, int(sys.argv[3]) if len(sys.argv) > 3 else 4))
+    elif what == "cost":
+        summary = cost(out)
+    else:
+        raise SystemExit(f"unknown measurement {what!r}: gil_ab or cost")
+    (out / f"{what}.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
