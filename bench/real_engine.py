@@ -140,8 +140,9 @@ def install_nvitop() -> str:
 
 
 def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: list[str]) -> dict[str, dict[str, float]]:
-    """CPU (share of one core) and peak-of-end RSS of each process over one window in which every URL is
-    scraped every 15 s, Prometheus-like (the scrapes run in threads so they interleave)."""
+    """CPU (share of one core: its own, and its finished children's — the sidecar's py-spy runs) and RSS
+    at the end of one window in which every URL is scraped every 15 s, Prometheus-like (in threads, so
+    the scrapes interleave)."""
     import concurrent.futures
 
     before = {name: p.cpu_times() for name, p in processes.items()}
@@ -151,9 +152,10 @@ def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: l
     wall = time.monotonic() - started
     result = {}
     for name, p in processes.items():
-        after = p.cpu_times()
-        cpu = (after.user + after.system - before[name].user - before[name].system) / wall
-        result[name] = {"cpu_percent_of_core": cpu * 100, "rss_mb": p.memory_info().rss / 1e6}
+        after, start = p.cpu_times(), before[name]
+        own = (after.user + after.system - start.user - start.system) / wall
+        children = (after.children_user + after.children_system - start.children_user - start.children_system) / wall  # py-spy
+        result[name] = {"cpu_percent_of_core": own * 100, "children_cpu_percent_of_core": children * 100, "rss_mb": p.memory_info().rss / 1e6}
     for url, latencies in zip(scrape_urls, scrapes, strict=True):
         print(f"  {url}: {len(latencies)} Prometheus-like scrapes, slowest {max(latencies) * 1000:.2f} ms", flush=True)
     return result
@@ -170,7 +172,7 @@ def latencies(url: str) -> dict[str, float]:
     }
 
 
-def cost(out: Path, seconds: float = 120.0) -> dict[str, object]:
+def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
     nvitop = install_nvitop()
     scenario = SCENARIOS["serving"]
     server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "cost-vllm.log")

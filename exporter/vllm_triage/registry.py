@@ -11,7 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
-from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
+from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, VLLM_SAMPLES_READ, SignalDef
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
@@ -71,6 +71,7 @@ def _vllm(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
         config.max_series,
         config.max_engines,
         config.max_label_value_length,
+        VLLM_SAMPLES_READ,
     )
     return SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, source.collect, source.close)
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_triage import store
+from vllm_triage.capture import demo_capture_path, read_readings
+from vllm_triage.config import load
+from vllm_triage.pipeline import replay
+from vllm_triage.signals import VLLM_SAMPLES_READ
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
 from .pages import TTFT_BOUNDS, Counters, page
@@ -48,13 +53,7 @@ def test_saturated_capture_reads_as_saturated():
 def test_every_family_the_signals_read_is_on_both_versions_real_pages():
     """The version alias table against real pages of 0.26.0 (H200) and 0.32.0 (CPU): every vLLM family a
     signal reads is there under today's name, whatever the version."""
-    read = {
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
-        "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:cache_config_info",
-        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket",
-        "vllm:inter_token_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_sum",
-        "vllm:request_decode_time_seconds_sum", "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_sum",
-    }  # fmt: skip
+    read = VLLM_SAMPLES_READ - {"vllm:num_requests_swapped"}  # v0 only
     for capture in ("vllm-0.32.0-cpu-kv-saturated.metrics.txt", "vllm-0.26.0-h200-kv-saturated.metrics.txt"):
         samples, facts = parse_page((FIXTURES / capture).read_text())
         assert read <= names(samples), (capture, sorted(read - names(samples)))
@@ -152,3 +151,43 @@ def test_label_values_over_the_limit_are_refused():
     assert facts["dropped"]["label_too_long"] >= 10
     samples, facts = parse_page(text, max_label_value_length=4096)
     assert "dropped" not in facts
+
+
+def test_the_samples_declared_read_are_all_the_signals_read(monkeypatch):
+    """The source parses only VLLM_SAMPLES_READ: replaying the real H200 captures (recorded with every
+    sample) through every signal and condition must not read a vLLM sample outside it."""
+    read: set[str] = set()
+    series = store.Frame.series
+
+    def recording(self, name, scope):
+        read.add(name)
+        return series(self, name, scope)
+
+    monkeypatch.setattr(store.Frame, "series", recording)
+    for capture in (demo_capture_path(), FIXTURES / "real-vllm-h200-gpu_heavy.jsonl.gz"):
+        replay(list(read_readings(capture)), load(env={}), lambda snapshot: None)
+    vllm_read = {name for name in read if name.startswith("vllm:")}
+    assert vllm_read and vllm_read <= VLLM_SAMPLES_READ, sorted(vllm_read - VLLM_SAMPLES_READ)
+
+
+@pytest.mark.parametrize("capture", REAL_PAGES)
+def test_parsing_only_what_is_read_keeps_those_samples_exactly(capture):
+    text = (FIXTURES / capture).read_text()
+    everything, _ = parse_page(text)
+    kept, _ = parse_page(text, keep=VLLM_SAMPLES_READ)
+    assert kept == {key: value for key, value in everything.items() if key[0] in VLLM_SAMPLES_READ}
+    assert len(kept) < 0.8 * len(everything)  # the skipped part is real work saved
+    with pytest.raises(ScrapeError, match="max_series"):  # the limit still counts every vllm: series
+        parse_page(text, max_series=len(kept), keep=VLLM_SAMPLES_READ)
+
+
+def test_lines_unchanged_since_the_last_page_are_reused_and_the_result_is_the_same():
+    """The source keeps the last page's parsed lines: consecutive real pages (idle, then saturated) read
+    exactly as parsed from scratch, and a garbled line on a later page is still refused."""
+    memo: dict = {}
+    for capture in ("vllm-0.32.0-cpu-idle.metrics.txt", "vllm-0.32.0-cpu-kv-saturated.metrics.txt", "vllm-0.32.0-cpu-kv-saturated.metrics.txt"):
+        text = (FIXTURES / capture).read_text()
+        assert parse_page(text, keep=VLLM_SAMPLES_READ, memo=memo) == parse_page(text, keep=VLLM_SAMPLES_READ)
+    assert memo and all(line.startswith("vllm:") for line in memo)
+    with pytest.raises(ScrapeError, match="not valid Prometheus text"):
+        parse_page(text + 'vllm:num_requests_running{engine="0" oops\n', memo=memo)

@@ -180,7 +180,9 @@ class Engine:
                 per_role = spec.per_role
                 scopes = view.scopes() if not per_role else []
                 per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
-                if per_scope or (per_role and view.frames):
+                if len(scopes) == 1 and view.covers_everything(scopes[0]):
+                    per_scope[AGGREGATE_SCOPE] = per_scope[scopes[0]]
+                elif per_scope or (per_role and view.frames):
                     per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs, table)
                 cache[(source, window)] = per_scope
             return cache[(source, window)]

@@ -78,22 +78,48 @@ DEFAULT_MAX_SERIES = 15_000
 DEFAULT_MAX_ENGINES = 32
 
 
-def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES) -> str:
-    """Only vLLM's families, without `_created` samples: halves the parser's work on a real page.
-    Counting here is cheap (0.15 s for 10 MiB), so an oversized page is refused before the parser runs."""
+def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES, keep: frozenset[str] | None = None) -> list[str]:
+    """vLLM's sample lines — only those named in `keep` (today's names) when given — without `_created`
+    samples: the parser's time is most of a scrape's cost, so what no signal reads is skipped before it
+    runs (HELP and TYPE too: a sample's name, labels and value do not depend on them). Every vllm: series
+    is counted (cheap: 0.15 s for 10 MiB), so an oversized page is refused before the parser runs."""
     kept = []
     series = 0
     for line in text.splitlines():
         if line.startswith("vllm:"):
             name = line.split("{", 1)[0].split(" ", 1)[0]
             if not name.endswith("_created"):
-                kept.append(line)
                 series += 1
-        elif line.startswith(("# HELP vllm:", "# TYPE vllm:")):
-            kept.append(line)
+                if keep is None or _canonical(name)[0] in keep:
+                    kept.append(line)
     if series > max_series:
         raise ScrapeError("too_many_series", f"the page has {series} vllm: series, over the {max_series} limit (max_series): is a label exploding?")
-    return "\n".join(kept) + "\n"
+    return kept
+
+
+ParsedLine = tuple[str, dict[str, str], float]
+
+
+def parse_lines(lines: list[str], memo: dict[str, ParsedLine] | None = None) -> list[ParsedLine]:
+    """Each sample line as (name, labels, value), parsed by prometheus_client's parser. With `memo` (the
+    previous page's lines), a line that did not change is not parsed again — between two scrapes of a
+    busy server a third to a half of them (idle buckets, info gauges) — and the memo becomes this page's."""
+    fresh = lines if memo is None else [line for line in lines if line not in memo]
+    parsed: dict[str, ParsedLine] = {}
+    if fresh:
+        try:
+            found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families("\n".join(fresh) + "\n") for s in family.samples]
+        except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
+            raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
+        if len(found) != len(fresh):
+            raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text: {len(fresh)} sample lines read as {len(found)} samples")
+        parsed = dict(zip(fresh, found, strict=True))
+    if memo is None:
+        return [parsed[line] for line in lines]
+    result = [parsed[line] if line in parsed else memo[line] for line in lines]
+    memo.clear()
+    memo.update(zip(lines, result, strict=True))
+    return result
 
 
 # Values past this are no real counter or gauge of vLLM's (10^30 FLOPs is 30 years of an H200 at its
@@ -122,6 +148,8 @@ def parse_page(
     max_series: int = DEFAULT_MAX_SERIES,
     max_engines: int = DEFAULT_MAX_ENGINES,
     max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
+    keep: frozenset[str] | None = None,
+    memo: dict[str, ParsedLine] | None = None,
 ) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
     """Parse an exposition page into normalised vLLM samples plus facts about the page.
 
@@ -129,47 +157,42 @@ def parse_page(
     series or engine limits. A value or label that no arithmetic should see (NaN, ±Inf, a non-numeric
     bucket bound, a huge label) is refused here, at the edge, series by series (a bad bucket drops its
     whole histogram), and counted in facts["dropped"] by reason. When both an old and a new name are
-    present (deprecation windows), the new name wins.
+    present (deprecation windows), the new name wins. With `keep`, only those samples (today's names);
+    `memo`: see parse_lines.
     """
-    lines = vllm_lines(text, max_series)
-    try:
-        families = list(text_string_to_metric_families(lines))
-    except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
-        raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
+    parsed = parse_lines(vllm_lines(text, max_series, keep), memo)
     samples: dict[SeriesKey, float] = {}
     renamed: dict[SeriesKey, float] = {}
     used_old_names: set[str] = set()
     dropped: dict[str, int] = {}
     bad_histograms: set[str] = set()
-    for family in families:
-        for sample in family.samples:
-            name = sample.name
-            if not name.startswith("vllm:") or name.endswith("_created"):
-                continue
-            try:
-                value = float(sample.value)
-            except OverflowError:  # an integer of hundreds of digits
-                value = math.inf
-            reason = None
-            if math.isnan(value):
-                reason = "nan_values"
-            elif not abs(value) <= MAX_ABS_VALUE:
-                reason = "non_finite_values"
-            elif any(len(v) > max_label_value_length for v in sample.labels.values()):
-                reason = "label_too_long"
-            elif name.endswith("_bucket") and bucket_bound(sample.labels.get("le")) is None:
-                reason = "bad_bucket"
-                bad_histograms.add(_canonical(name)[0].removesuffix("_bucket"))
-            if reason is not None:
-                dropped[reason] = dropped.get(reason, 0) + 1
-                continue
-            canonical, was_renamed = _canonical(name)
-            key = (canonical, make_labels(sample.labels))
-            if was_renamed:
-                used_old_names.add(name)
-                renamed[key] = value
-            else:
-                samples[key] = value
+    for name, labels, raw in parsed:
+        if not name.startswith("vllm:") or name.endswith("_created"):
+            continue
+        try:
+            value = float(raw)
+        except OverflowError:  # an integer of hundreds of digits
+            value = math.inf
+        reason = None
+        if math.isnan(value):
+            reason = "nan_values"
+        elif not abs(value) <= MAX_ABS_VALUE:
+            reason = "non_finite_values"
+        elif any(len(v) > max_label_value_length for v in labels.values()):
+            reason = "label_too_long"
+        elif name.endswith("_bucket") and bucket_bound(labels.get("le")) is None:
+            reason = "bad_bucket"
+            bad_histograms.add(_canonical(name)[0].removesuffix("_bucket"))
+        if reason is not None:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        canonical, was_renamed = _canonical(name)
+        key = (canonical, make_labels(labels))
+        if was_renamed:
+            used_old_names.add(name)
+            renamed[key] = value
+        else:
+            samples[key] = value
     for key, value in renamed.items():
         samples.setdefault(key, value)
     if bad_histograms:
@@ -211,6 +234,7 @@ class VllmSource:
         max_series: int = DEFAULT_MAX_SERIES,
         max_engines: int = DEFAULT_MAX_ENGINES,
         max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
+        keep: frozenset[str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.metrics_url = self.base_url + metrics_path
@@ -221,9 +245,12 @@ class VllmSource:
         self.max_page_bytes = max_page_bytes
         self.max_series = max_series
         self.max_engines = max_engines
+        self.keep = keep  # the samples the signals read (signals.VLLM_SAMPLES_READ); None: every vllm: sample
+        self._memo: dict[str, ParsedLine] = {}  # the last page's parsed lines (parse_lines)
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._version: str | None = None
+        self._version_asked = False  # once per run of successful scrapes: a server without /version is not asked every scrape
         self._last_state: str | None = None
 
     async def close(self) -> None:
@@ -271,8 +298,9 @@ class VllmSource:
             body = await self._get(self.metrics_url, self.max_page_bytes)
             text = body.decode("utf-8", errors="replace")
             # In a worker thread: a large page takes the parser seconds, and /metrics must keep answering.
-            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines, self.max_label_value_length)
-            if self._version is None:
+            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines, self.max_label_value_length, self.keep, self._memo)
+            if not self._version_asked:
+                self._version_asked = True
                 await self._fetch_version()
             if self._version:
                 facts["version"] = self._version
@@ -301,7 +329,7 @@ class VllmSource:
         return reading
 
     def _failed(self, timestamp: float, start: float, reason: str, message: str) -> Reading:
-        self._version = None  # it may come back as another version
+        self._version, self._version_asked = None, False  # it may come back as another version
         for secret in self._secrets:  # a client library's message may quote the URL it was given
             message = message.replace(secret, "***")
         return Reading(VLLM_SOURCE, timestamp, False, error=message, error_reason=reason, duration_seconds=time.perf_counter() - start)
