@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repository root, over calls made back to back while it stays warm
 # (carried folders vanish between calls; /tmp stays):
-#   bash tests/gpu/device_vllm.sh stage1                      carry .gpuvllm/c1: native libraries -> /tmp/site
+#   bash tests/gpu/device_vllm.sh stage1a                     carry .gpuvllm/c1/FA3.so.xz: parked in /tmp/stage
+#   bash tests/gpu/device_vllm.sh stage1                      carry .gpuvllm/c1/{C.so.xz,SHA256SUMS,stage1.sh}:
+#                                                             native libraries -> /tmp/site (c1 whole and the
+#                                                             repository no longer fit one call's 64 MiB)
 #   bash tests/gpu/device_vllm.sh start SECONDS MODULE ARG... carry .gpuvllm/c2: unpack, start the driver
 #                                                             (tests.gpu.real_vllm SCENARIO..., or
 #                                                             bench.real_engine gil_ab|cost) in its own session, wait
@@ -10,7 +13,10 @@ set -u
 OUT=${OUT:-/tmp/out}; RUN=/tmp/realout; mkdir -p "$OUT"
 mode=$1; shift
 case $mode in
+stage1a)
+  mkdir -p /tmp/stage && cp .gpuvllm/c1/FA3.so.xz /tmp/stage/ ;;
 stage1)
+  [ -s .gpuvllm/c1/FA3.so.xz ] || cp /tmp/stage/FA3.so.xz .gpuvllm/c1/ || { echo "run stage1a first, in the call just before"; exit 4; }
   exec bash .gpuvllm/c1/stage1.sh ;;
 start)
   budget=$1; module=$2; shift 2
