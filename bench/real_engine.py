@@ -20,6 +20,7 @@ Prints and writes `cost.json`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import statistics
@@ -33,7 +34,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
-from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm
+from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
+from tests.support.components import get
 from tests.support.load import run_load
 
 SIDECAR_PORT = 9400
@@ -65,19 +67,6 @@ def wait_listening(url: str, seconds: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
-def fetch_page(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
-
-
 async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
     scenario = SCENARIOS["cpu_bound"]
     clients, prompt_words, max_tokens = 128, 8, 16
@@ -98,7 +87,7 @@ async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
                 await asyncio.sleep(window)
                 after, ended = await asyncio.to_thread(generated_tokens), time.monotonic()
                 try:
-                    page = await asyncio.to_thread(fetch_page, f"http://127.0.0.1:{SIDECAR_PORT}/metrics")
+                    page = (await asyncio.to_thread(get, f"http://127.0.0.1:{SIDECAR_PORT}/metrics"))[1].decode()
                     (folder / "sidecar.metrics.txt").write_text(page)
                     if gil:  # the on arm really sampled: py-spy windows of both roles are in the page
                         gil_windows.append(sum(1 for line in page.splitlines() if line.startswith("vllm_triage_gil_held_ratio{")))
@@ -110,8 +99,7 @@ async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
     finally:
         stop_load.set()
         load.cancel()
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
     ratios = [on / off for off, on in zip(results["off"], results["on"], strict=True)]
     summary = {
         "load": {"model": scenario.model, "flags": list(scenario.flags), "clients": clients, "prompt_words": prompt_words, "max_tokens": max_tokens},
@@ -143,8 +131,6 @@ def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: l
     """CPU (share of one core: its own, and its finished children's — the sidecar's py-spy runs) and RSS
     at the end of one window in which every URL is scraped every 15 s, Prometheus-like (in threads, so
     the scrapes interleave)."""
-    import concurrent.futures
-
     before = {name: p.cpu_times() for name, p in processes.items()}
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(len(scrape_urls)) as pool:
@@ -194,7 +180,7 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
         summary["side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
-        summary["sidecar_page_bytes"] = len(fetch_page(sidecar_url))
+        summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
         stop(sidecar)
         gpu_only = start_sidecar(out / "cost-gpu", "gpu")
         try:
@@ -208,8 +194,7 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
         stop(sidecar)
         stop(exporter)
         load.kill()
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
     print(json.dumps(summary, indent=2), flush=True)
     return summary
 

@@ -21,6 +21,8 @@ PROCESS_SOURCE = "process"
 GPU_SOURCE = "gpu"
 GIL_SOURCE = "gil"
 
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")  # the samples of one Prometheus histogram
+
 
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a
 # minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). Bounded by

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .model import Labels
+from .model import HISTOGRAM_SUFFIXES, Labels
 from .store import Frame, Store, shared_scopes
 
 
@@ -487,7 +487,7 @@ SIGNALS: tuple[SignalDef, ...] = (
 
 
 def _histogram(name: str) -> tuple[str, ...]:
-    return tuple(name + suffix for suffix in ("_bucket", "_sum", "_count"))
+    return tuple(name + suffix for suffix in HISTOGRAM_SUFFIXES)
 
 
 # The vLLM samples (today's names) that SIGNALS and the vLLM source's facts read: the source parses

@@ -42,6 +42,7 @@ class Scenario:
     flags: tuple[str, ...]
     phases: tuple[Phase, ...]
     truth: str  # what each phase must show, written before the run
+    profile_at: tuple[tuple[str, float], ...] = ()  # (phase, seconds into it): a PROFILE_SECONDS torch profile
 
 
 PROFILE_DIR = Path("/tmp/vllm-profile")  # vLLM's torch_profiler_dir; each profile is moved to OUT_DIR/traces/<phase>
@@ -91,9 +92,9 @@ SCENARIOS = {
         "core's thread is saturated); the trace shows the GPU busy well under half the window with many short gaps "
         "between steps (the host's pace, not the GPU's). kv_saturation (profile at 120 s): the sidecar says "
         "kv_cache_saturated; the trace shows the GPU busier than in underload, no GPU-side verdict.",
+        profile_at=(("underload", 170.0), ("kv_saturation", 120.0)),
     ),
 }
-PROFILE_AT = {"underload": 170.0, "kv_saturation": 120.0}
 
 
 MODEL_SHAPES = {  # Llama configs; the word-level tokenizer of the staging payload (vocab 768)
@@ -142,6 +143,14 @@ def start_vllm(model: Path, flags: tuple[str, ...], log: Path) -> subprocess.Pop
     return process
 
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 def save_page(path: Path) -> None:
     with urllib.request.urlopen(URL + "/metrics", timeout=10) as response:
         path.write_bytes(response.read())
@@ -172,8 +181,9 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
         print(f"{time.strftime('%H:%M:%S')} {name}: phase {phase.name} ({phase.seconds:.0f} s, {phase.clients} clients)", flush=True)
         if phase.clients:
             load = run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
-            if name == "profiled":
-                result, _ = await asyncio.gather(load, take_profile(PROFILE_AT[phase.name], out / "traces" / phase.name, profiles))
+            profile_at = dict(scenario.profile_at).get(phase.name)
+            if profile_at is not None:
+                result, _ = await asyncio.gather(load, take_profile(profile_at, out / "traces" / phase.name, profiles))
             else:
                 result = await load
             await asyncio.to_thread(save_page, out / f"{name}-{phase.name}.metrics.txt")
@@ -215,11 +225,7 @@ def main() -> None:
         try:
             asyncio.run(record(scenario, name, out))
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop(server)
         if (out / "traces").is_dir():
             summarize_traces(out / "traces", out / f"{name}-traces")
         print(f"{time.strftime('%H:%M:%S')} {name}: done", flush=True)

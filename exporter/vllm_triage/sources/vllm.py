@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..model import VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
+from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..store import scope_of
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ RENAMES: dict[str, str] = {
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
     "vllm:time_in_queue_requests": "vllm:request_queue_time_seconds",
 }
-HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 # Families that say "this page came from vLLM"; a page with none of them is not a vLLM page.
 CORE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -104,8 +103,8 @@ def parse_lines(lines: list[str], memo: dict[str, ParsedLine] | None = None) -> 
     """Each sample line as (name, labels, value), parsed by prometheus_client's parser. With `memo` (the
     previous page's lines), a line that did not change is not parsed again — between two scrapes of a
     busy server a third to a half of them (idle buckets, info gauges) — and the memo becomes this page's."""
-    fresh = lines if memo is None else [line for line in lines if line not in memo]
-    parsed: dict[str, ParsedLine] = {}
+    known: dict[str, ParsedLine] = {} if memo is None else memo
+    fresh = [line for line in lines if line not in known]
     if fresh:
         try:
             found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families("\n".join(fresh) + "\n") for s in family.samples]
@@ -113,12 +112,12 @@ def parse_lines(lines: list[str], memo: dict[str, ParsedLine] | None = None) -> 
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
         if len(found) != len(fresh):
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text: {len(fresh)} sample lines read as {len(found)} samples")
-        parsed = dict(zip(fresh, found, strict=True))
-    if memo is None:
-        return [parsed[line] for line in lines]
-    result = [parsed[line] if line in parsed else memo[line] for line in lines]
-    memo.clear()
-    memo.update(zip(lines, result, strict=True))
+        known.update(zip(fresh, found, strict=True))
+    result = [known[line] for line in lines]
+    if len(known) > len(lines):  # lines gone from the page leave the memo: it holds one page
+        kept = dict(zip(lines, result, strict=True))
+        known.clear()
+        known.update(kept)
     return result
 
 
@@ -166,9 +165,7 @@ def parse_page(
     used_old_names: set[str] = set()
     dropped: dict[str, int] = {}
     bad_histograms: set[str] = set()
-    for name, labels, raw in parsed:
-        if not name.startswith("vllm:") or name.endswith("_created"):
-            continue
+    for name, labels, raw in parsed:  # vllm_lines kept only vllm: samples, without _created
         try:
             value = float(raw)
         except OverflowError:  # an integer of hundreds of digits
