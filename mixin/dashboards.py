@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
+from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS, Condition
+from vllm_triage.exposition import exported_signal
 
 from .rules import RECORDING_RULES
 
@@ -182,7 +183,7 @@ def overview() -> dict[str, Any]:
             "Running vs max_num_seqs",
             [
                 (f"sum({_q('vllm:num_requests_running')})", "running"),
-                (f'max(vllm_triage_vllm_max_num_seqs{{{SIDECAR},model_name=~"$model",engine=~"$engine"}})', "max_num_seqs"),
+                (f"max(vllm_triage_vllm_max_num_seqs{{{VLLM}}})", "max_num_seqs"),
             ],
         )
     )
@@ -360,47 +361,29 @@ def overview() -> dict[str, Any]:
     )
 
 
-# Signals to show next to each condition in the drill-down (the windowed values its predicate reads).
-DRILL_DOWN: dict[str, list[tuple[str, str]]] = {
-    "kv_cache_saturated": [("vllm_triage_vllm_kv_cache_usage_ratio", "KV usage {{stat}}"), ("vllm_triage_vllm_requests_waiting", "waiting {{stat}}")],
-    "queue_backlog": [("vllm_triage_vllm_requests_waiting", "waiting {{stat}}"), ("vllm_triage_vllm_running_to_max_num_seqs_ratio", "running / max_num_seqs")],
-    "preemption_storm": [
-        ("vllm_triage_vllm_preemptions_per_second", "preemptions/s"),
-        ("vllm_triage_vllm_preemptions_per_finished_request_ratio", "per finished request"),
-    ],
-    "client_underload": [
-        ("vllm_triage_vllm_running_to_max_num_seqs_ratio", "running / max_num_seqs"),
-        ("vllm_triage_vllm_requests_waiting", "waiting {{stat}}"),
-    ],
-    "ttft_high": [("vllm_triage_vllm_ttft_seconds", "TTFT q{{quantile}}"), ("vllm_triage_vllm_queue_time_seconds_mean", "mean queue time")],
-    "itl_high": [("vllm_triage_vllm_inter_token_latency_seconds", "ITL q{{quantile}}")],
-    "request_errors": [("vllm_triage_vllm_request_error_ratio", "error ratio"), ("vllm_triage_vllm_finished_requests_per_second", "finished/s")],
-    "prefix_cache_ineffective": [("vllm_triage_vllm_prefix_cache_hit_ratio", "hit ratio"), ("vllm_triage_vllm_prefix_cache_queries_per_second", "queries/s")],
-    "kv_fragmentation_suspected": [
-        ("vllm_triage_vllm_kv_live_token_ratio", "live tokens / KV in use"),
-        ("vllm_triage_vllm_kv_last_block_waste_ratio", "last-block waste"),
-    ],
-    "gpu_starved": [
-        ("vllm_triage_process_window_busiest_thread_cpu_ratio", "busiest thread {{role}}"),
-        ("vllm_triage_process_window_gil_held_ratio", "GIL held {{role}}"),
-        ("vllm_triage_gpu_window_sm_activity_ratio", "SM activity {{gpu}}"),
-    ],
-    "gpu_busy_not_computing": [
-        ("vllm_triage_gpu_window_utilization_ratio", "util.gpu {{stat}} {{gpu}}"),
-        ("vllm_triage_gpu_window_sm_active_ratio", "SM active {{gpu}}"),
-    ],
-    "memory_bandwidth_bound": [
-        ("vllm_triage_gpu_window_dram_bandwidth_utilization_ratio", "DRAM BW {{gpu}}"),
-        ("vllm_triage_gpu_window_tensor_active_ratio", "tensor {{gpu}}"),
-    ],
-    "compute_bound": [("vllm_triage_gpu_window_tensor_active_ratio", "tensor {{gpu}}"), ("vllm_triage_gpu_window_sm_active_ratio", "SM active {{gpu}}")],
-    "pcie_saturated": [("vllm_triage_gpu_window_pcie_busiest_direction_ratio", "busier direction / capacity {{gpu}}")],
-    "pcie_link_degraded": [
-        ("vllm_triage_gpu_window_pcie_link_degraded_while_busy_ratio", "degraded while busy {{gpu}}"),
-        ("vllm_triage_gpu_window_busy_ratio", "busy {{gpu}}"),
-    ],
-    "gpu_throttled": [("vllm_triage_gpu_window_throttled_ratio", "braked {{gpu}}"), ("vllm_triage_gpu_window_clock_event_ratio", "{{reason}} {{gpu}}")],
-}
+def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str]]:
+    """(family, selector, legend) of the first `count` exported signals among those the condition
+    declares it reads (most telling first): the drill-down follows the predicate, not a hand-kept list.
+    Each family is filtered by the labels it has: engine signals by model and engine, GPU signals by
+    pod, process signals by pod (they carry no model or engine)."""
+    shown = []
+    for signal_id in condition.reads:
+        exported = exported_signal(signal_id)
+        if exported is None:
+            continue
+        family, extra, scope_labels = exported
+        if "gpu" in scope_labels:
+            selector, legend = GPU, f"{signal_id} {{{{gpu}}}}"
+        elif scope_labels:
+            selector, legend = VLLM, f"{signal_id} {{{{model_name}}}}/{{{{engine}}}}"
+        else:
+            selector, legend = SIDECAR, signal_id
+        shown.append((family, selector + "".join(f',{k}="{v}"' for k, v in extra), legend))
+        if len(shown) == count:
+            break
+    return shown
+
+
 FAMILIES = (
     ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
     ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective")),
@@ -415,8 +398,7 @@ def conditions() -> dict[str, Any]:
         lay.row(family)
         for cid in ids:
             condition = next(c for c in CONDITIONS if c.id == cid)
-            scope = GPU if condition.scope_kind == "gpu" else f'{SIDECAR},model_name=~"$model",engine=~"$engine"'
-            exprs = [(f"{family_}{{{scope}}}", legend) for family_, legend in DRILL_DOWN[cid]]
+            exprs = [(f"{family_}{{{selector}}}", legend) for family_, selector, legend in drill_down(condition)]
             exprs.append((f'max(vllm_triage_condition_active{{{SIDECAR},condition="{cid}"}})', "active"))
             exprs += [_threshold(cid, t.name) for t in condition.thresholds[:2]]
             lay.add(timeseries(f"{cid} ({condition.severity})", exprs, description=condition.meaning))

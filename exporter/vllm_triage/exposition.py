@@ -57,6 +57,24 @@ LATEST_HELP = {
 }
 
 
+# Where the windowed signals are exported: per engine, per GPU, and for vLLM's processes by role.
+SIGNAL_TABLES: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
+    (f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]),
+    (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
+    (f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []),
+)
+
+
+def exported_signal(signal_id: str) -> tuple[str, tuple[tuple[str, str], ...], list[str]] | None:
+    """(family, its extra labels' values, the labels naming its scope) under which a windowed signal is
+    exported; None for one that is not (global signals)."""
+    for prefix, table, scope_labels in SIGNAL_TABLES:
+        for signal in table:
+            if signal.id == signal_id:
+                return prefix + signal.family, signal.extra_labels, scope_labels
+    return None
+
+
 def split_scope(scope: str) -> tuple[str, str]:
     """(model_name, engine) from a `model/engine` scope; model names may contain '/'."""
     model, _, engine = scope.rpartition("/")
@@ -154,12 +172,7 @@ class SnapshotCollector(Collector):
         """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).
         Aggregates stay in /diagnosis: exported, they would double-count in sum()."""
         families: dict[str, GaugeMetricFamily] = {}
-        tables: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
-            (f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]),
-            (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
-            (f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []),
-        )
-        for prefix, table, scope_labels in tables:
+        for prefix, table, scope_labels in SIGNAL_TABLES:
             for signal in table:
                 if prefix + signal.family not in families:
                     extra = [k for k, _ in signal.extra_labels]
@@ -168,12 +181,12 @@ class SnapshotCollector(Collector):
             if scope in (AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE):
                 continue
             if scope == HOST_SCOPE:
-                prefix, table, scope_values = f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []
+                (prefix, table, _), scope_values = SIGNAL_TABLES[2], []
             elif scope.startswith("gpu:"):
-                prefix, table, scope_values = f"{PREFIX}_gpu_window_", GPU_SIGNALS, [scope[4:]]
+                (prefix, table, _), scope_values = SIGNAL_TABLES[1], [scope[4:]]
             else:
                 model, engine = split_scope(scope)
-                prefix, table, scope_values = f"{PREFIX}_vllm_", SIGNALS, [engine, model]
+                (prefix, table, _), scope_values = SIGNAL_TABLES[0], [engine, model]
             for signal in table:
                 value = values.get(signal.id)
                 if value is not None:

@@ -62,14 +62,18 @@ def test_recording_rules_follow_level_metric_operations():
 
 
 def test_every_drill_down_panel_queries_a_family_the_sidecar_exports():
-    """The conditions dashboard's panels name exported families by hand: each must be in the golden
-    exposition (the demo's real readings of all four sources), or its panel is blank."""
+    """The conditions dashboard shows the first exported signals each condition declares it reads: each
+    family must be in the golden exposition (the demo's real readings of all four sources), or its
+    panel is blank, and host series must not be filtered by labels only engine series have."""
     import re
 
-    from mixin.dashboards import DRILL_DOWN
+    from mixin.dashboards import drill_down
 
     golden = (ROOT / "tests" / "data" / "exposition.golden.txt").read_text()
     exported = set(re.findall(r"^# TYPE (\S+)", golden, re.MULTILINE))
-    missing = [(cid, family) for cid, items in DRILL_DOWN.items() for family, _ in items if family not in exported]
+    shown = {c.id: drill_down(c) for c in CONDITIONS if c.id != "vllm_unreachable"}  # its panel is the source health row
+    assert all(shown.values()), [cid for cid, items in shown.items() if not items]
+    missing = [(cid, family) for cid, items in shown.items() for family, _, _ in items if family not in exported]
     assert not missing, missing
-    assert set(DRILL_DOWN) == {c.id for c in CONDITIONS} - {"vllm_unreachable"}  # its panel is the source health row
+    host = [(family, selector) for items in shown.values() for family, selector, _ in items if family.startswith("vllm_triage_process_window_")]
+    assert host and not [h for h in host if "model_name=" in h[1] or "engine=" in h[1]]

@@ -36,6 +36,10 @@ class Condition:
     for_seconds: float = 60.0
     clear_seconds: float = 60.0
     sources: tuple[str, ...] = (VLLM_SOURCE,)  # a source that is down makes the condition `unknown`
+    # The signals the predicate (and `contradicted`) reads, the most telling first: the conditions
+    # dashboard shows the first exported ones. Checked against the signal tables and against what the
+    # predicates read replaying the real captures (tests/unit/test_condition_reads.py).
+    reads: tuple[str, ...] = ()
     causes: tuple[str, ...] = ()
     dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
     scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
@@ -363,6 +367,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
         ),
         predicate=_vllm_unreachable,
+        reads=("vllm_down_seconds", "vllm_stale_after_seconds"),
         thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),),
         for_seconds=15,
         clear_seconds=30,
@@ -377,6 +382,13 @@ CONDITIONS: tuple[Condition, ...] = (
         meaning="Every KV block is in use; new requests wait and running ones are preempted (recomputed on V1).",
         next_actions=_CAPACITY_ACTIONS,
         predicate=_kv_cache_saturated,
+        reads=(
+            "kv_cache_usage_ratio_mean",
+            "kv_cache_usage_ratio_max",
+            "requests_waiting_mean",
+            "preemptions_per_second",
+            "kv_cache_one_block_below_full_ratio",
+        ),
         dont=(
             "Do not judge by GPU memory used: vLLM preallocates gpu_memory_utilization of the card at start. KV usage is the signal.",
             "There is no vllm:cache_usage metric: it is vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before ~0.10).",
@@ -401,6 +413,15 @@ CONDITIONS: tuple[Condition, ...] = (
             "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
         ),
         predicate=_queue_backlog,
+        reads=(
+            "requests_waiting_min",
+            "requests_running_mean",
+            "kv_cache_usage_ratio_mean",
+            "kv_cache_usage_ratio_max",
+            "kv_cache_one_block_below_full_ratio",
+            "max_num_seqs",
+            "host_engine_core_busiest_thread_cpu_ratio",
+        ),
         dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
         thresholds=(
             Threshold("waiting_min", 0.0, "waiting requests (window minimum) above this"),
@@ -424,6 +445,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "V1 engines do not swap, they recompute: swap-space settings will not help.",
         ),
         predicate=_preemption_storm,
+        reads=("preemptions_per_second", "preemptions_per_finished_request"),
         dont=(
             "Do not tune swap space: V1 engines recompute preempted requests, swap counters exist only on V0.",
             "Do not reach for --num-scheduler-steps: it exists only on old V0 engines (V1 has async scheduling).",
@@ -445,6 +467,15 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check the load balancer spreads requests over fewer replicas if this persists.",
         ),
         predicate=_client_underload,
+        reads=(
+            "running_to_max_num_seqs_ratio",
+            "requests_waiting_max",
+            "gpu_sm_activity_ratio",
+            "requests_running_mean",
+            "finished_requests_per_second",
+            "requests_waiting_mean",
+            "gpu_sm_activity_from_gpm",
+        ),
         contradicted=_requests_queue,
         dont=("Do not tune vLLM first: it is waiting for work.",),
         thresholds=(
@@ -466,6 +497,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "cause=prefill: long prompts; enable chunked prefill and prefix caching, cap --max-num-batched-tokens.",
         ),
         predicate=_ttft_high,
+        reads=("ttft_seconds_p95", "queue_time_seconds_mean", "prefill_time_seconds_mean", "ttft_seconds_observations"),
         thresholds=(Threshold("ttft_p95_max_seconds", 2.0, "TTFT p95 SLO in seconds"),),
         causes=("queueing", "prefill"),
     ),
@@ -480,6 +512,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Lower --max-num-seqs to trade throughput for latency.",
         ),
         predicate=_itl_high,
+        reads=("inter_token_latency_seconds_p95", "inter_token_latency_seconds_observations"),
         dont=("Worker CPU near 100 % is not a CPU bottleneck: workers spin while they wait on the GPU.",),
         thresholds=(Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),),
     ),
@@ -491,6 +524,7 @@ CONDITIONS: tuple[Condition, ...] = (
         meaning="A share of requests ends with finished_reason=error.",
         next_actions=("Read vLLM's logs; correlate with preemptions and out-of-memory events.",),
         predicate=_request_errors,
+        reads=("request_error_ratio", "finished_requests_per_second"),
         thresholds=(Threshold("error_ratio_max", 0.01, "share of finished requests with an error above this", 0.0, 1.0),),
         clear_seconds=120,
     ),
@@ -506,6 +540,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Never judged on a cache that never hit: that is expected for unique prompts.",
         ),
         predicate=_prefix_cache_ineffective,
+        reads=("prefix_cache_hit_ratio", "prefix_cache_queries_per_second", "prefix_caching_enabled", "prefix_cache_hits_since_start"),
         thresholds=(
             Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
             Threshold("hit_ratio_max", 0.05, "hit ratio below this", 0.0, 1.0),
@@ -528,6 +563,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "Check prefix-cache retention (cached blocks count as used).",
         ),
         predicate=_kv_fragmentation_suspected,
+        reads=("kv_live_token_ratio", "kv_last_block_waste_ratio", "kv_cache_usage_ratio_mean"),
         dont=(
             "PagedAttention keeps external fragmentation near zero: restarting to 'compact' memory does not help.",
             "An idle GPU with a full KV cache is not fragmentation: the CPU side cannot feed the GPU (see gpu_starved).",
@@ -563,6 +599,19 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             "To see where each step's host time goes, take a torch profiler trace of a few steps and run `vllm-triage trace` on it.",
         ),
         predicate=_gpu_starved,
+        reads=(
+            "host_engine_core_busiest_thread_cpu_ratio",
+            "host_engine_core_gil_held_ratio",
+            "gpu_sm_activity_ratio",
+            "host_api_server_busiest_thread_cpu_ratio",
+            "host_api_server_gil_held_ratio",
+            "requests_running_mean",
+            "requests_waiting_mean",
+            "gpu_utilization_ratio_mean",
+            "gpu_utilization_ratio_cv",
+            "gpu_sm_activity_from_gpm",
+            "gpu_pcie_busiest_direction_ratio",
+        ),
         thresholds=(
             Threshold("running_min", 0.0, "mean running above this (work pending)"),
             Threshold("waiting_min", 0.0, "or mean waiting above this"),
@@ -593,6 +642,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
             "Look for synchronisations and host<->device copies in a torch profiler trace.",
         ),
         predicate=_gpu_busy_not_computing,
+        reads=("gpu_utilization_ratio_mean", "gpu_sm_active_ratio_mean"),
         dont=("Do not read util.gpu = 100 % as 'the GPU is saturated': it counts time any kernel or copy ran.",),
         thresholds=(
             Threshold("utilization_min", 0.9, "util.gpu window mean at or above this", 0.0, 1.0),
@@ -612,6 +662,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
             "Use Nsight Compute (ncu) for kernel detail.",
         ),
         predicate=_memory_bandwidth_bound,
+        reads=("gpu_dram_bandwidth_utilization_ratio_mean", "gpu_tensor_active_ratio_mean"),
         thresholds=(
             Threshold("dram_min", 0.7, "DRAM bandwidth utilisation at or above this", 0.0, 1.0),
             Threshold("tensor_max", 0.3, "tensor-core activity below this", 0.0, 1.0),
@@ -631,6 +682,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
             "(torch.backends.cuda.matmul.allow_tf32 = True); only then scale out.",
         ),
         predicate=_compute_bound,
+        reads=("gpu_tensor_active_ratio_mean", "gpu_sm_active_ratio_mean", "gpu_dram_bandwidth_utilization_ratio_mean"),
         causes=("tensor_cores", "cuda_cores"),
         dont=("Do not chase CPU or scheduler settings: the GPU is the limit and it is working.",),
         thresholds=(
@@ -649,6 +701,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         meaning="PCIe throughput in one direction is near the link's capacity.",
         next_actions=("CPU<->GPU copies dominate: check KV/CPU offload, swap space, unpinned memory; prefer zero-copy or keeping data on the GPU.",),
         predicate=_pcie_saturated,
+        reads=("gpu_pcie_busiest_direction_ratio", "gpu_pcie_link_capacity_bytes_per_second"),
         thresholds=(Threshold("link_ratio_min", 0.7, "throughput / link capacity at or above this", 0.0, 1.0),),
         sources=(GPU_SOURCE,),
         scope_kind="gpu",
@@ -661,6 +714,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         meaning="Under load the link should train to its maximum; a lower generation or width cuts host<->GPU bandwidth.",
         next_actions=("Hardware or BIOS: reseat the GPU, check the riser and slot, report to the node owner.",),
         predicate=_pcie_link_degraded,
+        reads=("gpu_pcie_link_degraded_while_busy_ratio", "gpu_busy_ratio"),
         thresholds=(Threshold("degraded_ratio_min", 0.5, "share of busy samples with a degraded link at or above this", 0.0, 1.0),),
         for_seconds=300,
         clear_seconds=60,
@@ -675,6 +729,7 @@ GPU_CONDITIONS: tuple[Condition, ...] = (
         meaning="HW slowdown, HW/SW thermal or HW power-brake clock events were set for a large share of the window.",
         next_actions=("Check cooling, power delivery and power limit settings (nvidia-smi -q -d PERFORMANCE).",),
         predicate=_gpu_throttled,
+        reads=("gpu_throttled_ratio", "gpu_clock_event_sw_power_cap_ratio"),
         thresholds=(Threshold("throttled_ratio_min", 0.3, "share of the window braked at or above this", 0.0, 1.0),),
         clear_seconds=120,
         sources=(GPU_SOURCE,),

@@ -121,8 +121,10 @@ DEFAULT_STALE_AFTER_SECONDS = 15.0
 HOST_SCOPE = "host"  # the key of the host signals in Snapshot.signals
 GIL_LOOKBACK_SECONDS = 180.0  # py-spy windows come minutes apart: the latest one stays evidence this long
 
-# Conditions whose evidence must say where max_num_seqs came from.
-READS_MAX_NUM_SEQS = frozenset({"client_underload", "queue_backlog"})
+# Signals judged once for the server, not per scope (vllm_unreachable reads them).
+GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
+# Conditions whose evidence must say where max_num_seqs came from: those that read it.
+READS_MAX_NUM_SEQS = frozenset(c.id for c in CONDITIONS if {"max_num_seqs", "running_to_max_num_seqs_ratio"} & set(c.reads))
 # Conditions whose evidence names vLLM's processes and their busiest threads.
 READS_HOST = frozenset({"gpu_starved"})
 
