@@ -15,7 +15,9 @@ from pathlib import Path
 import yaml
 from vllm_triage.config import OPTIONS
 from vllm_triage.diagnosis.conditions import CONDITIONS
-from vllm_triage.signals import GPU_SIGNALS, SIGNALS, SignalDef
+from vllm_triage.signals.gpu import GPU_SIGNALS
+from vllm_triage.signals.vllm import VLLM_SIGNALS
+from vllm_triage.signals.window import SignalDef
 
 from . import dashboards
 from . import rules as mixin
@@ -65,7 +67,7 @@ def reference_markdown() -> str:
         "Exported per engine as `vllm_triage_vllm_<family>{engine,model_name,...}`, windowed over `window_seconds`;"
         " the signal id is the key in `/diagnosis` → `signals`.",
         "vllm_triage_vllm_",
-        SIGNALS,
+        VLLM_SIGNALS,
     )
     lines += _signal_table(
         "GPU signals",

@@ -15,7 +15,10 @@ from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .diagnosis.engine import HOST_SCOPE, ConditionSettings
 from .model import SeriesKey, Snapshot
-from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, SignalDef
+from .signals.gpu import GPU_SIGNALS
+from .signals.host import GIL_SIGNALS, HOST_SIGNALS
+from .signals.vllm import VLLM_SIGNALS
+from .signals.window import SignalDef
 from .store import AGGREGATE_SCOPE
 
 PREFIX = "vllm_triage"
@@ -59,7 +62,7 @@ LATEST_HELP = {
 
 # Where the windowed signals are exported: per engine, per GPU, and for vLLM's processes by role.
 SIGNAL_TABLES: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
-    (f"{PREFIX}_vllm_", SIGNALS, ["engine", "model_name"]),
+    (f"{PREFIX}_vllm_", VLLM_SIGNALS, ["engine", "model_name"]),
     (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
     (f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []),
 )

@@ -11,7 +11,10 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
-from .signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS, VLLM_SAMPLES_READ, SignalDef
+from .signals.gpu import GPU_SIGNALS
+from .signals.host import GIL_SIGNALS, HOST_SIGNALS
+from .signals.vllm import VLLM_SAMPLES_READ, VLLM_SIGNALS
+from .signals.window import SignalDef
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
@@ -96,7 +99,7 @@ def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
 
 
 SOURCES: tuple[SourceSpec, ...] = (
-    SourceSpec(VLLM_SOURCE, _vllm, SIGNALS),
+    SourceSpec(VLLM_SOURCE, _vllm, VLLM_SIGNALS),
     SourceSpec(PROCESS_SOURCE, _process, HOST_SIGNALS, per_role=True, exports_latest=True),
     SourceSpec(GPU_SOURCE, _gpu, GPU_SIGNALS, exports_latest=True),
     SourceSpec(GIL_SOURCE, _gil, GIL_SIGNALS, per_role=True, exports_latest=True),

@@ -12,10 +12,12 @@ from vllm_triage.config import load
 from vllm_triage.diagnosis import engine
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.pipeline import replay
-from vllm_triage.signals import GIL_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, SIGNALS
+from vllm_triage.signals.gpu import GPU_SIGNALS
+from vllm_triage.signals.host import GIL_SIGNALS, HOST_SIGNALS
+from vllm_triage.signals.vllm import VLLM_SIGNALS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-KNOWN = {s.id for table in (SIGNALS, GPU_SIGNALS, HOST_SIGNALS, GIL_SIGNALS) for s in table} | set(engine.GLOBAL_SIGNALS)
+KNOWN = {s.id for table in (VLLM_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, GIL_SIGNALS) for s in table} | set(engine.GLOBAL_SIGNALS)
 
 
 def test_every_declared_signal_exists_once():

@@ -9,7 +9,7 @@ from vllm_triage import store
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import replay
-from vllm_triage.signals import VLLM_SAMPLES_READ
+from vllm_triage.signals.vllm import VLLM_SAMPLES_READ
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
 from .pages import TTFT_BOUNDS, Counters, page

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_triage.signals import WindowView, compute_signals, counter_increase, histogram_quantile
+from vllm_triage.signals.vllm import VLLM_SIGNALS
+from vllm_triage.signals.window import WindowView, compute_signals, counter_increase, histogram_quantile
 from vllm_triage.store import Store
 
 from .pages import Counters, page, reading
@@ -57,7 +58,7 @@ def test_quantiles_come_from_deltas_not_from_the_whole_history():
     store.add(reading(100, page(1, 0, 0.1, c)))
     c.ttft += [0.03] * 50  # the window: all fast
     store.add(reading(160, page(1, 0, 0.1, c)))
-    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", 256)
+    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", 256, VLLM_SIGNALS)
     assert signals["ttft_seconds_observations"] == 50
     assert signals["ttft_seconds_p95"] is not None and signals["ttft_seconds_p95"] <= 0.05
     # The cumulative histogram (what a naive reading of /metrics gives) says the opposite.
@@ -74,9 +75,9 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
         store.add(reading(t, text))
     view = WindowView(store.window("vllm", 0, 20))
     assert view.scopes() == ["m/0", "m/1"]
-    engine0 = compute_signals(view, "m/0", 256)
+    engine0 = compute_signals(view, "m/0", 256, VLLM_SIGNALS)
     assert (engine0["requests_waiting_min"], engine0["requests_waiting_mean"], engine0["requests_waiting_max"]) == (2, 4, 6)
-    total = compute_signals(view, "all", 256)
+    total = compute_signals(view, "all", 256, VLLM_SIGNALS)
     assert total["requests_running_mean"] == 4  # running sums over engines
     assert total["kv_cache_usage_ratio_mean"] == 0.9  # KV usage: the fullest engine
 
@@ -84,7 +85,7 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
 def test_a_single_frame_gives_no_rates():
     store = Store(horizon_seconds=300)
     store.add(reading(0, page(1, 0, 0.1, Counters())))
-    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", 256)
+    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", 256, VLLM_SIGNALS)
     assert signals["requests_running_mean"] == 1
     assert signals["preemptions_per_second"] is None
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from ..discovery import Discovery, discover
 from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
 from ..registry import SOURCES, SOURCES_BY_NAME
-from ..signals import compute_signals
-from ..signals import window as signals_window
+from ..signals.window import compute_signals
+from ..signals.window import window as signals_window
 from ..store import AGGREGATE_SCOPE, Store
 from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term

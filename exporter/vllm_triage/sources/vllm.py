@@ -242,7 +242,7 @@ class VllmSource:
         self.max_page_bytes = max_page_bytes
         self.max_series = max_series
         self.max_engines = max_engines
-        self.keep = keep  # the samples the signals read (signals.VLLM_SAMPLES_READ); None: every vllm: sample
+        self.keep = keep  # the samples the signals read (signals.vllm.VLLM_SAMPLES_READ); None: every vllm: sample
         self._memo: dict[str, ParsedLine] = {}  # the last page's parsed lines (parse_lines)
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None

@@ -1,0 +1,166 @@
+"""Layer-3 signals of the GPUs (NVML and GPM), per GPU."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .window import SignalContext, SignalDef, label_value, mean_of
+
+# GPU signals (layer 3), per GPU scope `gpu:<index>`; the aggregate (scope "all") averages the
+# watched GPUs frame by frame. Exported as vllm_triage_gpu_window_<family>{gpu,...}.
+
+# Gen -> GB/s per lane per direction (DIAGNOSIS.md)
+PCIE_LANE_BYTES_PER_SECOND = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe links downtrain at idle)
+
+
+def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = None) -> list[dict[str, float]]:
+    """Per frame: each name's value, averaged over the scope's GPUs; frames lacking one are skipped."""
+    rows = []
+    for frame in ctx.view.frames:
+        row = {}
+        for name in names:
+            values = [s.value for s in frame.series(name, ctx.scope) if reason is None or label_value(s.labels, "reason") == reason]
+            if not values:
+                break
+            row[name] = mean_of(values)
+        else:
+            rows.append(row)
+    return rows
+
+
+def _gpu_stat(metric: str, stat: str) -> Callable[[SignalContext], float | None]:
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.gauge_points(metric, ctx.scope, mean_of)
+        if not points:
+            return None
+        if stat == "mean":
+            return mean_of(points)
+        if stat == "cv":  # coefficient of variation: how much utilisation swings
+            mean = mean_of(points)
+            return math.sqrt(mean_of([(p - mean) ** 2 for p in points])) / mean if mean > 0 and len(points) > 1 else 0.0
+        return min(points) if stat == "min" else max(points)
+
+    return compute
+
+
+def _sm_activity(ctx: SignalContext) -> float | None:
+    """SM active from GPM when present; util.gpu otherwise (gpu_sm_activity_from_gpm says which)."""
+    gpm = ctx.values.get("gpu_sm_active_ratio_mean")
+    return gpm if gpm is not None else ctx.values.get("gpu_utilization_ratio_mean")
+
+
+def _sm_activity_from_gpm(ctx: SignalContext) -> float | None:
+    if ctx.values.get("gpu_utilization_ratio_mean") is None and ctx.values.get("gpu_sm_active_ratio_mean") is None:
+        return None
+    return 1.0 if ctx.values.get("gpu_sm_active_ratio_mean") is not None else 0.0
+
+
+def _pcie_capacity(ctx: SignalContext) -> float | None:
+    rows = _frames(ctx, ("gpu_pcie_link_generation", "gpu_pcie_link_width"))
+    if not rows:
+        return None
+    row = rows[-1]
+    per_lane = PCIE_LANE_BYTES_PER_SECOND.get(round(row["gpu_pcie_link_generation"]))
+    return per_lane * row["gpu_pcie_link_width"] if per_lane else None
+
+
+def _pcie_busiest_direction_ratio(ctx: SignalContext) -> float | None:
+    capacity = ctx.values.get("gpu_pcie_link_capacity_bytes_per_second")
+    tx = ctx.view.gauge_points("gpu_pcie_tx_bytes_per_second", ctx.scope, mean_of)
+    rx = ctx.view.gauge_points("gpu_pcie_rx_bytes_per_second", ctx.scope, mean_of)
+    if not capacity or not (tx or rx):
+        return None
+    return max(mean_of(tx) if tx else 0.0, mean_of(rx) if rx else 0.0) / capacity
+
+
+def _link_degraded_while_busy(ctx: SignalContext) -> float | None:
+    """Share of busy frames in which the link ran below its maximum generation or width."""
+    names = ("gpu_utilization_ratio", "gpu_pcie_link_generation", "gpu_pcie_link_generation_max", "gpu_pcie_link_width", "gpu_pcie_link_width_max")
+    busy = [r for r in _frames(ctx, names) if r["gpu_utilization_ratio"] >= BUSY_UTILIZATION]
+    if not busy:
+        return None
+    degraded = [r for r in busy if r["gpu_pcie_link_generation"] < r["gpu_pcie_link_generation_max"] or r["gpu_pcie_link_width"] < r["gpu_pcie_link_width_max"]]
+    return len(degraded) / len(busy)
+
+
+def _busy_ratio(ctx: SignalContext) -> float | None:
+    points = ctx.view.gauge_points("gpu_utilization_ratio", ctx.scope, mean_of)
+    return sum(1 for p in points if p >= BUSY_UTILIZATION) / len(points) if points else None
+
+
+def _throttled_ratio(ctx: SignalContext) -> float | None:
+    """Share of the window with a hardware/thermal brake set (SW power cap alone is normal at full load)."""
+    per_reason = [_frames(ctx, ("gpu_clock_event_active",), reason) for reason in THROTTLE_REASONS]
+    frames = max((len(rows) for rows in per_reason), default=0)
+    if frames == 0:
+        return None
+    braked = [max(rows[i]["gpu_clock_event_active"] if i < len(rows) else 0.0 for rows in per_reason) for i in range(frames)]
+    return mean_of(braked)
+
+
+def _reason_ratio(reason: str) -> Callable[[SignalContext], float | None]:
+    def compute(ctx: SignalContext) -> float | None:
+        rows = _frames(ctx, ("gpu_clock_event_active",), reason)
+        return mean_of([r["gpu_clock_event_active"] for r in rows]) if rows else None
+
+    return compute
+
+
+def _power_to_limit(ctx: SignalContext) -> float | None:
+    rows = _frames(ctx, ("gpu_power_watts", "gpu_power_limit_watts"))
+    rows = [r for r in rows if r["gpu_power_limit_watts"] > 0]
+    return mean_of([r["gpu_power_watts"] / r["gpu_power_limit_watts"] for r in rows]) if rows else None
+
+
+def _gpu_stats(metric: str, family: str, what: str, stats: tuple[str, ...] = ("mean", "min", "max")) -> list[SignalDef]:
+    return [SignalDef(f"{metric}_{stat}", family, f"{what}, {stat} over the window.", _gpu_stat(metric, stat), (("stat", stat),)) for stat in stats]
+
+
+GPU_SIGNALS: tuple[SignalDef, ...] = (
+    *_gpu_stats("gpu_utilization_ratio", "utilization_ratio", "util.gpu: share of time a kernel ran (0..1)", ("mean", "min", "max", "cv")),
+    *_gpu_stats("gpu_sm_active_ratio", "sm_active_ratio", "GPM SM activity (0..1)", ("mean",)),
+    *_gpu_stats("gpu_sm_occupancy_ratio", "sm_occupancy_ratio", "GPM SM occupancy (0..1)", ("mean",)),
+    *_gpu_stats("gpu_tensor_active_ratio", "tensor_active_ratio", "GPM tensor-core activity (0..1)", ("mean",)),
+    *_gpu_stats("gpu_dram_bandwidth_utilization_ratio", "dram_bandwidth_utilization_ratio", "GPM DRAM bandwidth utilisation (0..1)", ("mean",)),
+    SignalDef("gpu_sm_activity_ratio", "sm_activity_ratio", "SM activity: GPM SM active, or util.gpu where GPM is missing.", _sm_activity),
+    SignalDef(
+        "gpu_sm_activity_from_gpm",
+        "sm_activity_from_gpm",
+        "1 when gpu_sm_activity_ratio comes from GPM, 0 for the util.gpu fallback.",
+        _sm_activity_from_gpm,
+    ),
+    SignalDef(
+        "gpu_pcie_link_capacity_bytes_per_second",
+        "pcie_link_capacity_bytes_per_second",
+        "PCIe capacity per direction at the current link generation and width.",
+        _pcie_capacity,
+    ),
+    SignalDef(
+        "gpu_pcie_busiest_direction_ratio",
+        "pcie_busiest_direction_ratio",
+        "Mean PCIe throughput of the busier direction / link capacity.",
+        _pcie_busiest_direction_ratio,
+    ),
+    SignalDef("gpu_busy_ratio", "busy_ratio", "Share of the window with util.gpu >= 0.5.", _busy_ratio),
+    SignalDef(
+        "gpu_pcie_link_degraded_while_busy_ratio",
+        "pcie_link_degraded_while_busy_ratio",
+        "Share of busy samples with the PCIe link below its maximum generation or width.",
+        _link_degraded_while_busy,
+    ),
+    SignalDef("gpu_throttled_ratio", "throttled_ratio", "Share of the window with HW slowdown, thermal or power-brake clock events.", _throttled_ratio),
+    *(
+        SignalDef(
+            f"gpu_clock_event_{reason}_ratio",
+            "clock_event_ratio",
+            f"Share of the window with clock event reason {reason}.",
+            _reason_ratio(reason),
+            (("reason", reason),),
+        )
+        for reason in ("sw_power_cap", *THROTTLE_REASONS)
+    ),
+    SignalDef("gpu_power_to_limit_ratio", "power_to_limit_ratio", "Power draw / enforced power limit, mean.", _power_to_limit),
+)

@@ -1,0 +1,72 @@
+"""Layer-3 signals of vLLM's processes (psutil) and their GIL (py-spy), per role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .window import SignalContext, SignalDef, mean_of, safe_ratio
+
+# Host signals (layer 3): per role of vLLM's processes, exported as vllm_triage_process_window_<family>{role}.
+ROLES = ("api_server", "engine_core", "worker")
+
+
+def _role_cpu_cores(role: str) -> Callable[[SignalContext], float | None]:
+    return lambda ctx: ctx.view.rate("process_cpu_seconds_total", f"role:{role}")
+
+
+def _role_busiest_thread(role: str) -> Callable[[SignalContext], float | None]:
+    """Window mean of the busiest thread's share of one core (1.0 = a saturated core)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.gauge_points("process_busiest_thread_cpu_ratio", f"role:{role}", max)
+        return mean_of(points) if points else None
+
+    return compute
+
+
+def _cgroup_throttled_ratio(ctx: SignalContext) -> float | None:
+    return safe_ratio(ctx.view.increase("process_cgroup_throttled_periods_total", ctx.scope), ctx.view.increase("process_cgroup_periods_total", ctx.scope))
+
+
+HOST_SIGNALS: tuple[SignalDef, ...] = (
+    *(SignalDef(f"host_{role}_cpu_cores", "cpu_cores", "CPU of the role's processes, in cores.", _role_cpu_cores(role), (("role", role),)) for role in ROLES),
+    *(
+        SignalDef(
+            f"host_{role}_busiest_thread_cpu_ratio",
+            "busiest_thread_cpu_ratio",
+            "The role's busiest thread, share of one core (1.0 = saturated), window mean.",
+            _role_busiest_thread(role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
+    SignalDef(
+        "host_cgroup_throttled_ratio",
+        "cgroup_throttled_ratio",
+        "Share of CPU periods in which vLLM's container was throttled by its CPU limit.",
+        _cgroup_throttled_ratio,
+        (("role", "api_server"),),
+    ),
+)
+
+
+def _role_gil_held(role: str) -> Callable[[SignalContext], float | None]:
+    """The latest py-spy window's GIL-held ratio (windows are seconds long and minutes apart)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.gauge_points("gil_held_ratio", f"role:{role}", max)
+        return points[-1] if points else None
+
+    return compute
+
+
+GIL_SIGNALS: tuple[SignalDef, ...] = tuple(
+    SignalDef(
+        f"host_{role}_gil_held_ratio",
+        "gil_held_ratio",
+        "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
+        _role_gil_held(role),
+        (("role", role),),
+    )
+    for role in ("api_server", "engine_core")
+)
