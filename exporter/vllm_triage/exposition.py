@@ -13,17 +13,16 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
-from .diagnosis.engine import HOST_SCOPE, ConditionSettings
+from .diagnosis.engine import ConditionSettings
 from .model import SeriesKey, Snapshot
+from .scope import parse_scope
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
 from .signals.vllm import VLLM_SIGNALS
 from .signals.window import SignalDef
-from .store import AGGREGATE_SCOPE
 
 PREFIX = "vllm_triage"
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
-GPU_AGGREGATE_SCOPE = f"gpu:{AGGREGATE_SCOPE}"
 LATEST_HELP = {
     "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
     "process_resident_memory_bytes": "Resident memory of a vLLM process.",
@@ -76,12 +75,6 @@ def exported_signal(signal_id: str) -> tuple[str, tuple[tuple[str, str], ...], l
             if signal.id == signal_id:
                 return prefix + signal.family, signal.extra_labels, scope_labels
     return None
-
-
-def split_scope(scope: str) -> tuple[str, str]:
-    """(model_name, engine) from a `model/engine` scope; model names may contain '/'."""
-    model, _, engine = scope.rpartition("/")
-    return model, engine
 
 
 class SnapshotCollector(Collector):
@@ -180,16 +173,16 @@ class SnapshotCollector(Collector):
                 if prefix + signal.family not in families:
                     extra = [k for k, _ in signal.extra_labels]
                     families[prefix + signal.family] = GaugeMetricFamily(prefix + signal.family, f"{signal.help} {WINDOWED}", labels=[*scope_labels, *extra])
-        for scope, values in sorted(snapshot.signals.items()):
-            if scope in (AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE):
-                continue
-            if scope == HOST_SCOPE:
+        for key, values in sorted(snapshot.signals.items()):
+            scope = parse_scope(key)
+            if scope.kind == "host":
                 (prefix, table, _), scope_values = SIGNAL_TABLES[2], []
-            elif scope.startswith("gpu:"):
-                (prefix, table, _), scope_values = SIGNAL_TABLES[1], [scope[4:]]
-            else:
-                model, engine = split_scope(scope)
-                (prefix, table, _), scope_values = SIGNAL_TABLES[0], [engine, model]
+            elif scope.kind == "gpu":
+                (prefix, table, _), scope_values = SIGNAL_TABLES[1], [scope.name]
+            elif scope.kind == "engine":
+                (prefix, table, _), scope_values = SIGNAL_TABLES[0], [scope.engine, scope.model]
+            else:  # aggregates stay in /diagnosis
+                continue
             for signal in table:
                 value = values.get(signal.id)
                 if value is not None:

@@ -9,36 +9,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .model import Labels, Reading, SourceHealth, bucket_bound
-
-AGGREGATE_SCOPE = "all"
-
-
-@lru_cache(maxsize=8192)  # labels are shared tuples (make_labels): one scope string per label set
-def scope_of(labels: Labels) -> str:
-    """The engine a vLLM series belongs to: `model/engine` (V0 pages have no engine label: "0"),
-    or `gpu:<index>` for a GPU series.
-    Series without a model_name (cache_config_info) get `/engine` and belong to every model there."""
-    model = ""
-    engine = "0"
-    for key, value in labels:
-        if key == "model_name":
-            model = value
-        elif key == "engine":
-            engine = value
-        elif key == "gpu":
-            return f"gpu:{value}"  # GPU series: one scope per GPU
-        elif key == "role":
-            return f"role:{value}"  # vLLM's processes: one scope per role
-    return f"{model}/{engine}"
-
-
-@lru_cache(maxsize=4096)
-def shared_scopes(scope: str) -> tuple[str, ...]:
-    """The `/engine` scopes whose series also belong to `scope` (its suffixes that start with "/")."""
-    return tuple(scope[i:] for i, char in enumerate(scope) if char == "/" and i > 0)
+from .scope import AGGREGATE_SCOPE, scope_of, shared_scopes
 
 
 @dataclass(frozen=True, slots=True)

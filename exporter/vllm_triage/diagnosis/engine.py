@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from ..discovery import Discovery, discover
 from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
 from ..registry import SOURCES, SOURCES_BY_NAME
+from ..scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
 from ..signals.window import compute_signals
 from ..signals.window import window as signals_window
-from ..store import AGGREGATE_SCOPE, Store
+from ..store import Store
 from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term
 
@@ -118,7 +119,6 @@ class _Outcome:
 
 
 DEFAULT_STALE_AFTER_SECONDS = 15.0
-HOST_SCOPE = "host"  # the key of the host signals in Snapshot.signals
 GIL_LOOKBACK_SECONDS = 180.0  # py-spy windows come minutes apart: the latest one stays evidence this long
 
 # Signals judged once for the server, not per scope (vllm_unreachable reads them).
@@ -237,7 +237,7 @@ class Engine:
             timestamp=now,
             signals={
                 **signals_for(VLLM_SOURCE, self.window_seconds),
-                **{f"gpu:{k}" if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
+                **{gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
                 HOST_SCOPE: {
                     **signals_for(PROCESS_SOURCE, self.window_seconds).get(AGGREGATE_SCOPE, {}),
                     **signals_for(GIL_SOURCE, max(self.window_seconds, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),

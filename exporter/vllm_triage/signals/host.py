@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..scope import role_scope
 from .window import SignalContext, SignalDef, mean_of, safe_ratio
 
 # Host signals (layer 3): per role of vLLM's processes, exported as vllm_triage_process_window_<family>{role}.
@@ -11,14 +12,14 @@ ROLES = ("api_server", "engine_core", "worker")
 
 
 def _role_cpu_cores(role: str) -> Callable[[SignalContext], float | None]:
-    return lambda ctx: ctx.view.rate("process_cpu_seconds_total", f"role:{role}")
+    return lambda ctx: ctx.view.rate("process_cpu_seconds_total", role_scope(role))
 
 
 def _role_busiest_thread(role: str) -> Callable[[SignalContext], float | None]:
     """Window mean of the busiest thread's share of one core (1.0 = a saturated core)."""
 
     def compute(ctx: SignalContext) -> float | None:
-        points = ctx.view.gauge_points("process_busiest_thread_cpu_ratio", f"role:{role}", max)
+        points = ctx.view.gauge_points("process_busiest_thread_cpu_ratio", role_scope(role), max)
         return mean_of(points) if points else None
 
     return compute
@@ -54,7 +55,7 @@ def _role_gil_held(role: str) -> Callable[[SignalContext], float | None]:
     """The latest py-spy window's GIL-held ratio (windows are seconds long and minutes apart)."""
 
     def compute(ctx: SignalContext) -> float | None:
-        points = ctx.view.gauge_points("gil_held_ratio", f"role:{role}", max)
+        points = ctx.view.gauge_points("gil_held_ratio", role_scope(role), max)
         return points[-1] if points else None
 
     return compute

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..model import Labels
-from ..store import Frame, Store, shared_scopes
+from ..scope import parse_scope, shared_scopes
+from ..store import Frame, Store
 
 
 def label_value(labels: Labels, key: str) -> str | None:
@@ -95,7 +96,7 @@ class WindowView:
         if not self.frames:
             return []
         seen = {s.scope for series in self.frames[-1].by_name.values() for s in series}
-        named = {scope for scope in seen if not scope.startswith("/")}
+        named = {scope for scope in seen if parse_scope(scope).kind != "shared"}
         return sorted(named or seen)
 
     def gauge_points(self, name: str, scope: str, combine: Callable[[list[float]], float] = sum) -> list[float]:

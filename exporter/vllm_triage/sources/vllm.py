@@ -19,7 +19,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
-from ..store import scope_of
+from ..scope import parse_scope, scope_of
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def parse_page(
     present = {name for name, _ in samples}
     if not any(name in present for name in CORE_FAMILIES):
         raise ScrapeError("no_vllm_metrics", "the page has no vllm:num_requests_* series: is this vLLM's /metrics?")
-    engines = {scope for _, labels in samples if not (scope := scope_of(labels)).startswith("/")}
+    engines = {scope for _, labels in samples if parse_scope(scope := scope_of(labels)).kind == "engine"}
     if len(engines) > max_engines:
         example = ", ".join(sorted(engines)[:3])
         raise ScrapeError(
