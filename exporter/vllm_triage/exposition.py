@@ -15,11 +15,8 @@ from . import __version__
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings
 from .model import SeriesKey, Snapshot
+from .registry import SOURCES
 from .scope import parse_scope
-from .signals.gpu import GPU_SIGNALS
-from .signals.host import GIL_SIGNALS, HOST_SIGNALS
-from .signals.vllm import VLLM_SIGNALS
-from .signals.window import SignalDef
 
 PREFIX = "vllm_triage"
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
@@ -59,21 +56,13 @@ LATEST_HELP = {
 }
 
 
-# Where the windowed signals are exported: per engine, per GPU, and for vLLM's processes by role.
-SIGNAL_TABLES: tuple[tuple[str, tuple[SignalDef, ...], list[str]], ...] = (
-    (f"{PREFIX}_vllm_", VLLM_SIGNALS, ["engine", "model_name"]),
-    (f"{PREFIX}_gpu_window_", GPU_SIGNALS, ["gpu"]),
-    (f"{PREFIX}_process_window_", HOST_SIGNALS + GIL_SIGNALS, []),
-)
-
-
-def exported_signal(signal_id: str) -> tuple[str, tuple[tuple[str, str], ...], list[str]] | None:
+def exported_signal(signal_id: str) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]] | None:
     """(family, its extra labels' values, the labels naming its scope) under which a windowed signal is
-    exported; None for one that is not (global signals)."""
-    for prefix, table, scope_labels in SIGNAL_TABLES:
-        for signal in table:
+    exported (the source registry says how); None for one that is not (global signals)."""
+    for spec in SOURCES:
+        for signal in spec.signals:
             if signal.id == signal_id:
-                return prefix + signal.family, signal.extra_labels, scope_labels
+                return f"{PREFIX}_{spec.exported_as}{signal.family}", signal.extra_labels, spec.scope_labels
     return None
 
 
@@ -168,25 +157,24 @@ class SnapshotCollector(Collector):
         """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).
         Aggregates stay in /diagnosis: exported, they would double-count in sum()."""
         families: dict[str, GaugeMetricFamily] = {}
-        for prefix, table, scope_labels in SIGNAL_TABLES:
-            for signal in table:
-                if prefix + signal.family not in families:
+        for spec in SOURCES:
+            for signal in spec.signals:
+                name = f"{PREFIX}_{spec.exported_as}{signal.family}"
+                if name not in families:
                     extra = [k for k, _ in signal.extra_labels]
-                    families[prefix + signal.family] = GaugeMetricFamily(prefix + signal.family, f"{signal.help} {WINDOWED}", labels=[*scope_labels, *extra])
+                    families[name] = GaugeMetricFamily(name, f"{signal.help} {WINDOWED}", labels=[*spec.scope_labels, *extra])
         for key, values in sorted(snapshot.signals.items()):
             scope = parse_scope(key)
-            if scope.kind == "host":
-                (prefix, table, _), scope_values = SIGNAL_TABLES[2], []
-            elif scope.kind == "gpu":
-                (prefix, table, _), scope_values = SIGNAL_TABLES[1], [scope.name]
-            elif scope.kind == "engine":
-                (prefix, table, _), scope_values = SIGNAL_TABLES[0], [scope.engine, scope.model]
-            else:  # aggregates stay in /diagnosis
+            if scope.kind not in ("engine", "gpu", "host"):  # aggregates stay in /diagnosis
                 continue
-            for signal in table:
-                value = values.get(signal.id)
-                if value is not None:
-                    families[prefix + signal.family].add_metric([*scope_values, *(v for _, v in signal.extra_labels)], value)
+            scope_values = {"engine": [scope.engine, scope.model], "gpu": [scope.name], "host": []}[scope.kind]
+            for spec in SOURCES:
+                if spec.scope_kind != scope.kind:
+                    continue
+                for signal in spec.signals:
+                    value = values.get(signal.id)
+                    if value is not None:
+                        families[f"{PREFIX}_{spec.exported_as}{signal.family}"].add_metric([*scope_values, *(v for _, v in signal.extra_labels)], value)
         yield from families.values()
 
     @staticmethod

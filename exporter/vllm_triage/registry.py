@@ -1,6 +1,7 @@
-"""The sources the sidecar can run, one entry each: its name, cadence, how it is built, its signal
-table and whether its last reading is exported as read. The daemon, the config's `sources` setting, the
-engine and the snapshot read this table: adding a source is an entry here plus its module in sources/."""
+"""The sources the sidecar can run, one entry each: its name, how it is built (and at what cadence), its
+signal table, the scopes they are computed in, how they are exported, and whether its last reading is
+exported as read. The daemon, the config's `sources` setting, the engine, the snapshot and /metrics read
+this table: adding a source is an entry here plus its module in sources/ and its table in signals/."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
 from .signals.gpu import GPU_SIGNALS
@@ -41,8 +42,13 @@ class SourceLoop:
 class SourceSpec:
     name: str
     build: Callable[[Config, Clock, LatestProcesses], SourceLoop]
-    signals: tuple[SignalDef, ...]  # computed per scope (engine, GPU), or once over roles when per_role
-    per_role: bool = False
+    signals: tuple[SignalDef, ...]
+    # "engine" and "gpu": computed per engine / GPU and for their aggregate; "host": once, over vLLM's
+    # processes by role (the host scope holds every such table's signals)
+    scope_kind: Literal["engine", "gpu", "host"]
+    exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
+    scope_labels: tuple[str, ...] = ()
+    lookback_seconds: float = 0.0  # its window (and history) is at least this long
     exports_latest: bool = False  # its last reading is exported as read (vllm_triage_<name>_*), like dcgm-exporter
 
 
@@ -99,10 +105,11 @@ def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
 
 
 SOURCES: tuple[SourceSpec, ...] = (
-    SourceSpec(VLLM_SOURCE, _vllm, VLLM_SIGNALS),
-    SourceSpec(PROCESS_SOURCE, _process, HOST_SIGNALS, per_role=True, exports_latest=True),
-    SourceSpec(GPU_SOURCE, _gpu, GPU_SIGNALS, exports_latest=True),
-    SourceSpec(GIL_SOURCE, _gil, GIL_SIGNALS, per_role=True, exports_latest=True),
+    SourceSpec(VLLM_SOURCE, _vllm, VLLM_SIGNALS, "engine", "vllm_", ("engine", "model_name")),
+    SourceSpec(PROCESS_SOURCE, _process, HOST_SIGNALS, "host", "process_window_", exports_latest=True),
+    SourceSpec(GPU_SOURCE, _gpu, GPU_SIGNALS, "gpu", "gpu_window_", ("gpu",), exports_latest=True),
+    # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
+    SourceSpec(GIL_SOURCE, _gil, GIL_SIGNALS, "host", "process_window_", lookback_seconds=180.0, exports_latest=True),
 )
 SOURCES_BY_NAME = {s.name: s for s in SOURCES}
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..discovery import Discovery, discover
-from ..model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
 from ..registry import SOURCES, SOURCES_BY_NAME
 from ..scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
 from ..signals.window import compute_signals
@@ -119,7 +119,6 @@ class _Outcome:
 
 
 DEFAULT_STALE_AFTER_SECONDS = 15.0
-GIL_LOOKBACK_SECONDS = 180.0  # py-spy windows come minutes apart: the latest one stays evidence this long
 
 # Signals judged once for the server, not per scope (vllm_unreachable reads them).
 GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
@@ -157,9 +156,9 @@ class Engine:
 
     @property
     def horizons(self) -> dict[str, float]:
-        """Sources that need more history than the windows: py-spy's windows come minutes apart, and
-        only they are kept for GIL_LOOKBACK_SECONDS (every vLLM page for 3 minutes cost 3x the memory)."""
-        return {GIL_SOURCE: max(self.horizon_seconds, GIL_LOOKBACK_SECONDS)}
+        """Sources that need more history than the windows (their lookback_seconds: py-spy's windows come
+        minutes apart); only they keep it (every vLLM page for 3 minutes cost 3x the memory)."""
+        return {spec.name: max(self.horizon_seconds, spec.lookback_seconds) for spec in SOURCES if spec.lookback_seconds}
 
     def evaluate(self, store: Store, now: float) -> Snapshot:
         sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
@@ -173,13 +172,15 @@ class Engine:
         cache: dict[tuple[str, float], dict[str, dict[str, float | None]]] = {}
 
         def signals_for(source: str, window: float) -> dict[str, dict[str, float | None]]:
-            """scope -> signals for one source and window, the aggregate under AGGREGATE_SCOPE."""
+            """scope -> signals for one source and window (at least its lookback), the aggregate under
+            AGGREGATE_SCOPE."""
+            spec = SOURCES_BY_NAME[source]
+            window = max(window, spec.lookback_seconds)
             if (source, window) not in cache:
                 view = signals_window(store, source, now, window)
-                spec = SOURCES_BY_NAME[source]
                 table = spec.signals
                 # vLLM engines and GPUs are judged one by one; host signals are per role already.
-                per_role = spec.per_role
+                per_role = spec.scope_kind == "host"
                 scopes = view.scopes() if not per_role else []
                 per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
                 if len(scopes) == 1 and view.covers_everything(scopes[0]):
@@ -235,14 +236,7 @@ class Engine:
         self.evaluations += 1
         return Snapshot(
             timestamp=now,
-            signals={
-                **signals_for(VLLM_SOURCE, self.window_seconds),
-                **{gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in signals_for(GPU_SOURCE, self.window_seconds).items()},
-                HOST_SCOPE: {
-                    **signals_for(PROCESS_SOURCE, self.window_seconds).get(AGGREGATE_SCOPE, {}),
-                    **signals_for(GIL_SOURCE, max(self.window_seconds, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),
-                },
-            },
+            signals=self._snapshot_signals(signals_for),
             verdicts=tuple(verdicts),
             primary=next((v.condition for v in verdicts if v.role == "primary"), None),
             sources=sources,
@@ -281,12 +275,25 @@ class Engine:
         if condition.scope_kind == "global":
             return {}
         engines = signals_for(VLLM_SOURCE, window)
-        gpus = signals_for(GPU_SOURCE, window).get(AGGREGATE_SCOPE, {}) if fresh.get(GPU_SOURCE) else {}
-        host = {
-            **signals_for(PROCESS_SOURCE, window).get(AGGREGATE_SCOPE, {}),
-            **signals_for(GIL_SOURCE, max(window, GIL_LOOKBACK_SECONDS)).get(AGGREGATE_SCOPE, {}),
-        }
-        return {scope: {**values, **gpus, **host} for scope, values in engines.items()}
+        beside: dict[str, float | None] = {}  # the GPUs' aggregate (while the GPU source is fresh) and the host's
+        for spec in SOURCES:
+            if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and fresh.get(spec.name)):
+                beside.update(signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
+        return {scope: {**values, **beside} for scope, values in engines.items()}
+
+    def _snapshot_signals(self, signals_for: Callable[[str, float], dict[str, dict[str, float | None]]]) -> dict[str, dict[str, float | None]]:
+        """Snapshot.signals: each engine's and each GPU's (their aggregates as `all` and `gpu:all`), and
+        the host's, over the default window."""
+        shown: dict[str, dict[str, float | None]] = {}
+        for spec in SOURCES:
+            per_scope = signals_for(spec.name, self.window_seconds)
+            if spec.scope_kind == "host":
+                shown.setdefault(HOST_SCOPE, {}).update(per_scope.get(AGGREGATE_SCOPE, {}))
+            elif spec.scope_kind == "gpu":
+                shown.update({gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in per_scope.items()})
+            else:
+                shown.update(per_scope)
+        return shown
 
     def _why_missing(self, name: str, health: dict[str, SourceHealth]) -> str:
         if self.sources is not None and name not in self.sources:
