@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
+from vllm_triage.derive import GLOBAL_SIGNALS
 from vllm_triage.diagnosis import engine
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.pipeline import replay
@@ -17,7 +18,7 @@ from vllm_triage.signals.host import GIL_SIGNALS, HOST_SIGNALS
 from vllm_triage.signals.vllm import VLLM_SIGNALS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-KNOWN = {s.id for table in (VLLM_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, GIL_SIGNALS) for s in table} | set(engine.GLOBAL_SIGNALS)
+KNOWN = {s.id for table in (VLLM_SIGNALS, GPU_SIGNALS, HOST_SIGNALS, GIL_SIGNALS) for s in table} | set(GLOBAL_SIGNALS)
 
 
 def test_every_declared_signal_exists_once():

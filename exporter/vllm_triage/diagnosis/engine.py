@@ -1,20 +1,20 @@
-"""Evaluates the condition table on each tick: signals -> predicates -> debounced verdicts.
+"""Judges the condition table on what each tick derived (derive.py): predicates -> suppression ->
+debounced, ranked verdicts.
 
-Pure and deterministic given the store's contents and `now`; the daemon and replay share it.
+Pure and deterministic given the store's contents and `now`; every driver (serve, replay, diagnose,
+record) reaches it through Pipeline.evaluate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..discovery import Discovery, discover
-from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..registry import SOURCES, SOURCES_BY_NAME
-from ..scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
-from ..signals.window import compute_signals
-from ..signals.window import window as signals_window
+from ..derive import Derived, ScopedSignals, derive
+from ..discovery import Discovery
+from ..model import GPU_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..registry import SOURCES
+from ..scope import AGGREGATE_SCOPE
 from ..store import Store
 from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term
@@ -118,10 +118,6 @@ class _Outcome:
     suppressed_by: str | None = None  # the condition whose story explains this one's evidence
 
 
-DEFAULT_STALE_AFTER_SECONDS = 15.0
-
-# Signals judged once for the server, not per scope (vllm_unreachable reads them).
-GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
 # Conditions whose evidence must say where max_num_seqs came from: those that read it.
 READS_MAX_NUM_SEQS = frozenset(c.id for c in CONDITIONS if {"max_num_seqs", "running_to_max_num_seqs_ratio"} & set(c.reads))
 # Conditions whose evidence names vLLM's processes and their busiest threads.
@@ -161,41 +157,17 @@ class Engine:
         return {spec.name: max(self.horizon_seconds, spec.lookback_seconds) for spec in SOURCES if spec.lookback_seconds}
 
     def evaluate(self, store: Store, now: float) -> Snapshot:
-        sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
-        health = {s.source: s for s in sources}
-        found = discover(store, self.configured_max_num_seqs)
-        global_signals = {
-            "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
-            "vllm_stale_after_seconds": self.stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
-        }
+        """The one evaluation step: derive (health, discovery, signals) from the store, then judge."""
+        return self.judge(derive(store, now, self.configured_max_num_seqs, self.stale_after))
 
-        cache: dict[tuple[str, float], dict[str, dict[str, float | None]]] = {}
-
-        def signals_for(source: str, window: float) -> dict[str, dict[str, float | None]]:
-            """scope -> signals for one source and window (at least its lookback), the aggregate under
-            AGGREGATE_SCOPE."""
-            spec = SOURCES_BY_NAME[source]
-            window = max(window, spec.lookback_seconds)
-            if (source, window) not in cache:
-                view = signals_window(store, source, now, window)
-                table = spec.signals
-                # vLLM engines and GPUs are judged one by one; host signals are per role already.
-                per_role = spec.scope_kind == "host"
-                scopes = view.scopes() if not per_role else []
-                per_scope = {scope: compute_signals(view, scope, found.max_num_seqs, table) for scope in scopes}
-                if len(scopes) == 1 and view.covers_everything(scopes[0]):
-                    per_scope[AGGREGATE_SCOPE] = per_scope[scopes[0]]
-                elif per_scope or (per_role and view.frames):
-                    per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, found.max_num_seqs, table)
-                cache[(source, window)] = per_scope
-            return cache[(source, window)]
-
-        fresh = {name: self._fresh(h, now) for name, h in health.items()}
+    def judge(self, derived: Derived) -> Snapshot:
+        """Judge the condition table on what the tick derived: predicates, suppression, debouncing, ranking."""
+        now, health, fresh, found = derived.now, derived.health, derived.fresh, derived.discovery
         outcomes = {}
         for condition in self.conditions:
             settings = self.settings[condition.id]
-            per_scope = self._scoped_signals(condition, signals_for, settings.window_seconds, fresh)
-            outcomes[condition.id] = self._judge(condition, settings, per_scope, global_signals, health, fresh, found)
+            per_scope = self._scoped_signals(condition, derived, settings.window_seconds)
+            outcomes[condition.id] = self._judge(condition, settings, per_scope, derived.global_signals, health, fresh, found)
         _suppress(outcomes)
 
         verdicts = []
@@ -236,22 +208,15 @@ class Engine:
         self.evaluations += 1
         return Snapshot(
             timestamp=now,
-            signals=self._snapshot_signals(signals_for),
+            signals=derived.shown(self.window_seconds),
             verdicts=tuple(verdicts),
             primary=next((v.condition for v in verdicts if v.role == "primary"), None),
-            sources=sources,
+            sources=derived.sources,
             evaluations=self.evaluations,
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
-            latest={spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := store.latest(spec.name)) is not None and r.ok},
+            latest={spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := derived.store.latest(spec.name)) is not None and r.ok},
         )
-
-    def _fresh(self, health: SourceHealth, now: float) -> bool:
-        """Up, or failing for less than its stale_after: the window's readings are still evidence."""
-        if health.up:
-            return True
-        last = health.last_success_timestamp
-        return last is not None and now - last <= self.stale_after.get(health.source, DEFAULT_STALE_AFTER_SECONDS)
 
     @staticmethod
     def _stale_note(health: SourceHealth, now: float) -> str:
@@ -262,38 +227,13 @@ class Engine:
         )
 
     @staticmethod
-    def _scoped_signals(
-        condition: Condition,
-        signals_for: Callable[[str, float], dict[str, dict[str, float | None]]],
-        window: float,
-        fresh: dict[str, bool],
-    ) -> dict[str, dict[str, float | None]]:
-        """The scopes a condition is judged in, each with the signals it may read. Engine-scoped
-        conditions see the aggregate of the watched GPUs next to their engine's vLLM signals."""
+    def _scoped_signals(condition: Condition, derived: Derived, window: float) -> ScopedSignals:
+        """The scopes a condition is judged in, each with the signals it may read."""
         if condition.scope_kind == "gpu":
-            return signals_for(GPU_SOURCE, window)
+            return derived.signals_for(GPU_SOURCE, window)
         if condition.scope_kind == "global":
             return {}
-        engines = signals_for(VLLM_SOURCE, window)
-        beside: dict[str, float | None] = {}  # the GPUs' aggregate (while the GPU source is fresh) and the host's
-        for spec in SOURCES:
-            if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and fresh.get(spec.name)):
-                beside.update(signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
-        return {scope: {**values, **beside} for scope, values in engines.items()}
-
-    def _snapshot_signals(self, signals_for: Callable[[str, float], dict[str, dict[str, float | None]]]) -> dict[str, dict[str, float | None]]:
-        """Snapshot.signals: each engine's and each GPU's (their aggregates as `all` and `gpu:all`), and
-        the host's, over the default window."""
-        shown: dict[str, dict[str, float | None]] = {}
-        for spec in SOURCES:
-            per_scope = signals_for(spec.name, self.window_seconds)
-            if spec.scope_kind == "host":
-                shown.setdefault(HOST_SCOPE, {}).update(per_scope.get(AGGREGATE_SCOPE, {}))
-            elif spec.scope_kind == "gpu":
-                shown.update({gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in per_scope.items()})
-            else:
-                shown.update(per_scope)
-        return shown
+        return derived.engine_scoped(window)
 
     def _why_missing(self, name: str, health: dict[str, SourceHealth]) -> str:
         if self.sources is not None and name not in self.sources:
@@ -380,12 +320,3 @@ def rank(verdicts: list[Verdict]) -> list[Verdict]:
         return verdicts
     primary = active[0].condition
     return [dataclasses.replace(v, role="primary" if v.condition == primary else "secondary") if v.active else v for v in verdicts]
-
-
-def _down_seconds(store: Store, health: SourceHealth, now: float) -> float | None:
-    if health.up is None:
-        return None
-    if health.up:
-        return 0.0
-    failing_since = store.failing_since(VLLM_SOURCE)
-    return max(0.0, now - failing_since) if failing_since is not None else 0.0

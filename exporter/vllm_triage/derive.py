@@ -1,0 +1,103 @@
+"""What a tick derives from the store before anything is judged: each source's health and whether its
+readings are still evidence, what discovery found, the global signals, and the windowed signals per
+source, scope and window (computed on first use, once per tick). The engine judges what this hands it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .discovery import Discovery, discover
+from .model import VLLM_SOURCE, SourceHealth
+from .registry import SOURCES, SOURCES_BY_NAME
+from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
+from .signals.window import compute_signals
+from .signals.window import window as signals_window
+from .store import Store
+
+DEFAULT_STALE_AFTER_SECONDS = 15.0
+# Signals judged once for the server, not per scope (vllm_unreachable reads them).
+GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
+
+ScopedSignals = dict[str, dict[str, float | None]]  # scope -> signal -> value (None: cannot be computed)
+
+
+@dataclass
+class Derived:
+    store: Store
+    now: float
+    sources: tuple[SourceHealth, ...]
+    health: dict[str, SourceHealth]
+    fresh: dict[str, bool]  # up, or failing for less than its stale_after: its window's readings are still evidence
+    discovery: Discovery
+    global_signals: dict[str, float | None]
+    _cache: dict[tuple[str, float], ScopedSignals] = field(default_factory=dict)
+
+    def signals_for(self, source: str, window: float) -> ScopedSignals:
+        """scope -> signals for one source and window (at least its lookback), the aggregate under
+        AGGREGATE_SCOPE."""
+        spec = SOURCES_BY_NAME[source]
+        window = max(window, spec.lookback_seconds)
+        if (source, window) not in self._cache:
+            view = signals_window(self.store, source, self.now, window)
+            max_num_seqs = self.discovery.max_num_seqs
+            # vLLM engines and GPUs are judged one by one; host signals are per role already.
+            per_role = spec.scope_kind == "host"
+            scopes = view.scopes() if not per_role else []
+            per_scope = {scope: compute_signals(view, scope, max_num_seqs, spec.signals) for scope in scopes}
+            if len(scopes) == 1 and view.covers_everything(scopes[0]):
+                per_scope[AGGREGATE_SCOPE] = per_scope[scopes[0]]
+            elif per_scope or (per_role and view.frames):
+                per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, max_num_seqs, spec.signals)
+            self._cache[(source, window)] = per_scope
+        return self._cache[(source, window)]
+
+    def engine_scoped(self, window: float) -> ScopedSignals:
+        """Each vLLM engine's signals with the GPUs' aggregate (while the GPU source is fresh) and the
+        host's beside them: what an engine-scoped condition is judged on."""
+        beside: dict[str, float | None] = {}
+        for spec in SOURCES:
+            if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and self.fresh.get(spec.name)):
+                beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
+        return {scope: {**values, **beside} for scope, values in self.signals_for(VLLM_SOURCE, window).items()}
+
+    def shown(self, window: float) -> ScopedSignals:
+        """Snapshot.signals: each engine's and each GPU's (their aggregates as `all` and `gpu:all`), and
+        the host's."""
+        shown: ScopedSignals = {}
+        for spec in SOURCES:
+            per_scope = self.signals_for(spec.name, window)
+            if spec.scope_kind == "host":
+                shown.setdefault(HOST_SCOPE, {}).update(per_scope.get(AGGREGATE_SCOPE, {}))
+            elif spec.scope_kind == "gpu":
+                shown.update({gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in per_scope.items()})
+            else:
+                shown.update(per_scope)
+        return shown
+
+
+def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_after: dict[str, float]) -> Derived:
+    sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
+    health = {s.source: s for s in sources}
+    fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
+    global_signals = {
+        "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
+        "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
+    }
+    return Derived(store, now, sources, health, fresh, discover(store, configured_max_num_seqs), global_signals)
+
+
+def _fresh(health: SourceHealth, now: float, stale_after: float) -> bool:
+    if health.up:
+        return True
+    last = health.last_success_timestamp
+    return last is not None and now - last <= stale_after
+
+
+def _down_seconds(store: Store, health: SourceHealth, now: float) -> float | None:
+    if health.up is None:
+        return None
+    if health.up:
+        return 0.0
+    failing_since = store.failing_since(VLLM_SOURCE)
+    return max(0.0, now - failing_since) if failing_since is not None else 0.0
