@@ -257,7 +257,7 @@ def test_diagnose_of_an_unreachable_vllm_reports_the_outage_and_fails(capsys):
 def test_sighup_exits_cleanly(tmp_path):
     sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\n")
     sidecar.process.send_signal(1)
-    assert sidecar.process.wait(timeout=15) == 0
+    assert sidecar.process.wait(timeout=60) == 0  # exit code 0 is the behaviour; the wait is for a busy machine
 
 
 def test_churning_label_sets_are_bounded_by_bytes_not_entries():
