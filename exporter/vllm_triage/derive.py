@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .discovery import Discovery, discover
-from .model import VLLM_SOURCE, SourceHealth
+from .model import VLLM_SOURCE, SeriesKey, SourceHealth
 from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
 from .signals.window import compute_signals
@@ -60,6 +60,10 @@ class Derived:
             if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and self.fresh.get(spec.name)):
                 beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
         return {scope: {**values, **beside} for scope, values in self.signals_for(VLLM_SOURCE, window).items()}
+
+    def latest_exported(self) -> dict[str, dict[SeriesKey, float]]:
+        """The last ok reading of each source exported as read (SourceSpec.exports_latest)."""
+        return {spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := self.store.latest(spec.name)) is not None and r.ok}
 
     def shown(self, window: float) -> ScopedSignals:
         """Snapshot.signals: each engine's and each GPU's (their aggregates as `all` and `gpu:all`), and

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .config import Config
+from .derive import derive
 from .diagnosis.engine import Engine
 from .model import Reading, Snapshot
+from .registry import SOURCES
 from .store import Store
 
 
@@ -24,9 +26,11 @@ class Pipeline:
         self.engine = Engine(
             config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after()
         )
-        # Keep a little more than the longest window so edge frames are always present.
+        # Keep a little more than the longest window so edge frames are always present; sources that
+        # look further back (py-spy's windows come minutes apart) keep their lookback, only they (every
+        # vLLM page for 3 minutes cost 3x the memory).
         margin = 4 * config.scrape_interval_seconds
-        horizons = {source: seconds + margin for source, seconds in self.engine.horizons.items()}
+        horizons = {spec.name: max(self.engine.horizon_seconds, spec.lookback_seconds) + margin for spec in SOURCES if spec.lookback_seconds}
         self.store = Store(horizon_seconds=self.engine.horizon_seconds + margin, horizons=horizons)
         self.tick_seconds = config.tick_seconds
 
@@ -34,7 +38,7 @@ class Pipeline:
         self.store.add(reading)
 
     def evaluate(self, now: float) -> Snapshot:
-        return self.engine.evaluate(self.store, now)
+        return evaluate(self.engine, self.store, now)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -57,6 +61,11 @@ class Pipeline:
             on_tick(snapshot)
             now += self.tick_seconds
         return snapshot
+
+
+def evaluate(engine: Engine, store: Store, now: float) -> Snapshot:
+    """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), then judge it."""
+    return engine.judge(derive(store, now, engine.configured_max_num_seqs, engine.stale_after))
 
 
 def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None]) -> Snapshot | None:

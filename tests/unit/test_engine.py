@@ -8,6 +8,7 @@ import dataclasses
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import Snapshot
+from vllm_triage.pipeline import evaluate
 from vllm_triage.store import Store
 
 from .pages import Counters, failed, page, reading
@@ -45,7 +46,7 @@ class Scenario:
             self.c.errors += errors_per_step
             self.c.ttft += [ttft] * int(finish_per_step)
             self.store.add(reading(self.t, page(running, waiting, kv, self.c)))
-            snapshot = self.engine.evaluate(self.store, self.t)
+            snapshot = evaluate(self.engine, self.store, self.t)
         return snapshot
 
     def fail(self, seconds: float):
@@ -53,13 +54,13 @@ class Scenario:
         for _ in range(int(seconds / self.step)):
             self.t += self.step
             self.store.add(failed(self.t))
-            snapshot = self.engine.evaluate(self.store, self.t)
+            snapshot = evaluate(self.engine, self.store, self.t)
         return snapshot
 
 
 def test_before_any_scrape_everything_is_unknown():
     eng = engine()
-    snap = eng.evaluate(Store(60), 0.0)
+    snap = evaluate(eng, Store(60), 0.0)
     assert {v.state for v in snap.verdicts} == {"unknown"}
     assert "source vllm has no reading yet" in verdict(snap, "kv_cache_saturated").missing
 

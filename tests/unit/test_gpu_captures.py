@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
-from vllm_triage.pipeline import replay
+from vllm_triage.pipeline import evaluate, replay
 
 from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
 
@@ -68,7 +68,7 @@ def test_without_a_gpu_the_gpu_conditions_are_unknown_and_the_rest_works():
     store.add(reading)
     store.add(vllm_reading(reading.timestamp - 2, page(2, 0, 0.2, Counters())))
     store.add(vllm_reading(reading.timestamp, page(2, 0, 0.2, Counters())))
-    snapshot = Engine(load(env={}).conditions, 60).evaluate(store, reading.timestamp)
+    snapshot = evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp)
     states = {v.condition: v for v in snapshot.verdicts}
     assert states["compute_bound"].state == "unknown"
     assert any("source gpu is down" in m for m in states["compute_bound"].missing)

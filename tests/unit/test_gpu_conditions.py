@@ -8,6 +8,7 @@ import dataclasses
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import GPU_SOURCE, Reading, make_labels
+from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.gpu import CLOCK_EVENT_REASONS
 from vllm_triage.store import Store
 
@@ -37,7 +38,7 @@ def run(readings_per_second, seconds: int = 40):
     snapshot = None
     for t in range(seconds):
         store.add(readings_per_second(t))
-        snapshot = engine.evaluate(store, float(t))
+        snapshot = evaluate(engine, store, float(t))
     assert snapshot is not None
     return {v.condition: v for v in snapshot.verdicts}
 

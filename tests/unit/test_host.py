@@ -10,6 +10,7 @@ import time
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
+from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.process import ProcessSource
 from vllm_triage.store import Store
 
@@ -64,7 +65,7 @@ def starved_run(core_thread: float, gpu_util: float, sm: float, running: float =
         store.add(reading(float(t), page(running, 0, 0.3, c)))
         store.add(gpu_reading(float(t), util=gpu_util, sm=sm))
         store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread))
-        snapshot = engine.evaluate(store, float(t))
+        snapshot = evaluate(engine, store, float(t))
     assert snapshot is not None
     return snapshot, {v.condition: v for v in snapshot.verdicts}
 

@@ -12,6 +12,7 @@ import time
 import psutil
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
+from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
 from vllm_triage.store import Store
 
@@ -76,7 +77,7 @@ def fake_vllm(port: int, max_num_seqs: int) -> tuple[subprocess.Popen, int]:
 def judged(reading) -> dict:
     store = Store(60)
     store.add(reading)
-    return Engine(load(env={}).conditions, 60).evaluate(store, reading.timestamp).discovery
+    return evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp).discovery
 
 
 def test_watches_only_the_vllm_it_scrapes_among_several_on_the_host():

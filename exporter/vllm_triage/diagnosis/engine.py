@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..derive import Derived, ScopedSignals, derive
-from ..discovery import Discovery
 from ..model import GPU_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
-from ..registry import SOURCES
 from ..scope import AGGREGATE_SCOPE
-from ..store import Store
 from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term
+
+if TYPE_CHECKING:  # the judge is handed what a tick derived; it derives nothing itself
+    from ..derive import Derived, ScopedSignals
+    from ..discovery import Discovery
 
 
 @dataclass(frozen=True)
@@ -150,16 +151,6 @@ class Engine:
         """How much history the store must keep for the longest window."""
         return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
 
-    @property
-    def horizons(self) -> dict[str, float]:
-        """Sources that need more history than the windows (their lookback_seconds: py-spy's windows come
-        minutes apart); only they keep it (every vLLM page for 3 minutes cost 3x the memory)."""
-        return {spec.name: max(self.horizon_seconds, spec.lookback_seconds) for spec in SOURCES if spec.lookback_seconds}
-
-    def evaluate(self, store: Store, now: float) -> Snapshot:
-        """The one evaluation step: derive (health, discovery, signals) from the store, then judge."""
-        return self.judge(derive(store, now, self.configured_max_num_seqs, self.stale_after))
-
     def judge(self, derived: Derived) -> Snapshot:
         """Judge the condition table on what the tick derived: predicates, suppression, debouncing, ranking."""
         now, health, fresh, found = derived.now, derived.health, derived.fresh, derived.discovery
@@ -215,7 +206,7 @@ class Engine:
             evaluations=self.evaluations,
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
-            latest={spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := derived.store.latest(spec.name)) is not None and r.ok},
+            latest=derived.latest_exported(),
         )
 
     @staticmethod
