@@ -1,20 +1,23 @@
 """Costs measured beside the real vLLM 0.26.0 on the H200 (runs ON the GPU machine, after
 tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
 
-    python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS]   what py-spy costs the engine (ISSUE: < 2 % at the default duty)
+    python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   what py-spy costs the engine (goal: < 2 %)
     python3 -m bench.real_engine OUT_DIR cost            the sidecar beside nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
 
 gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
 is the limit, where py-spy's pauses cost the most) under one continuous load; each 60 s window runs a
-fresh sidecar with all four sources (GIL on, default duty: a 5 s window per role every 60 s) or with
-vllm,process,gpu (GIL off). Throughput is vLLM's own generation-token counter over the window; windows
-go off/on, on/off, ... so that drift cancels out. Prints and writes `gil_ab.json`.
+fresh sidecar with all four sources (GIL on at its default duty, or with the settings given, e.g.
+gil_nonblocking=true) or with vllm,process,gpu (GIL off). A window lasts one GIL interval, so an on window
+holds exactly one py-spy round, as in a long run. Throughput is vLLM's own generation-token counter over the window; windows
+go off/on, on/off, ... so that drift cancels out.
 
 cost: the 1B model serving 32 clients; the sidecar (all defaults) and nvitop-exporter (its default 1 s
 interval; the reference GPU exporter) run side by side over the same window, each scraped every 15 s as
-Prometheus would; then the sidecar with the GPU source only. CPU as a share of one core, RSS, and
-/metrics latency with 1 and 50 scrapers. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
-Prints and writes `cost.json`.
+Prometheus would; then the sidecar with the GPU source only. CPU as a share of one core, RSS, where the
+sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
+50 scrapers. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
+Each measurement prints and writes N-<name>.json (N: its place on the command line).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
+from vllm_triage.config import OPTIONS_BY_KEY
 
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
@@ -48,10 +52,10 @@ def generated_tokens() -> float:
     return sum(s.value for f in text_string_to_metric_families(page) for s in f.samples if s.name == "vllm:generation_tokens_total")
 
 
-def start_sidecar(folder: Path, sources: str, port: int = SIDECAR_PORT) -> subprocess.Popen[bytes]:
+def start_sidecar(folder: Path, sources: str, port: int = SIDECAR_PORT, settings: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "sidecar.yaml"
-    config.write_text(f"sources: {sources}\nlog_level: warning\n")
+    config.write_text(f"sources: {sources}\nlog_level: warning\n" + "".join(f"{key}: {value}\n" for key, value in (settings or {}).items()))
     command = [sys.executable, "-m", "vllm_triage.cli", "serve", "--config", str(config), "--vllm-url", URL, "--listen", f"127.0.0.1:{port}"]
     return subprocess.Popen(command, stdout=(folder / "sidecar.log").open("wb"), stderr=subprocess.STDOUT)
 
@@ -67,22 +71,36 @@ def wait_listening(url: str, seconds: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
-async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
+def stage_seconds(url: str) -> dict[str, float]:
+    """The sidecar's own CPU seconds by stage, and the threads of vLLM's processes, from its page."""
+    page = get(url)[1].decode()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "vllm_triage_sidecar_cpu_seconds_total":
+                found[sample.labels["stage"]] = sample.value
+            elif sample.name == "vllm_triage_process_threads":
+                found[f"threads_{sample.labels['role']}_{sample.labels['index']}"] = sample.value
+    return found
+
+
+async def gil_ab(out: Path, pairs: int, settings: dict[str, str]) -> dict[str, object]:
     scenario = SCENARIOS["cpu_bound"]
     clients, prompt_words, max_tokens = 128, 8, 16
-    window = 60.0
+    window = float(settings.get("gil_interval_seconds", OPTIONS_BY_KEY["gil_interval_seconds"].default))
     server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "gil_ab-vllm.log")
     stop_load = asyncio.Event()
     load = asyncio.create_task(run_load(URL, "tiny", clients, 10 * 3600, prompt_words, max_tokens, stop=stop_load))
     results: dict[str, list[float]] = {"off": [], "on": []}
     gil_windows: list[int] = []
+    gil_held: list[dict[str, float]] = []
     try:
         await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
         for pair in range(pairs):
             for gil in (False, True) if pair % 2 == 0 else (True, False):
                 arm = "on" if gil else "off"
                 folder = out / f"gil_ab-{pair}-{arm}"
-                sidecar = start_sidecar(folder, "vllm,process,gpu,gil" if gil else "vllm,process,gpu")
+                sidecar = start_sidecar(folder, "vllm,process,gpu,gil" if gil else "vllm,process,gpu", settings=settings if gil else None)
                 before, started = await asyncio.to_thread(generated_tokens), time.monotonic()
                 await asyncio.sleep(window)
                 after, ended = await asyncio.to_thread(generated_tokens), time.monotonic()
@@ -90,7 +108,11 @@ async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
                     page = (await asyncio.to_thread(get, f"http://127.0.0.1:{SIDECAR_PORT}/metrics"))[1].decode()
                     (folder / "sidecar.metrics.txt").write_text(page)
                     if gil:  # the on arm really sampled: py-spy windows of both roles are in the page
-                        gil_windows.append(sum(1 for line in page.splitlines() if line.startswith("vllm_triage_gil_held_ratio{")))
+                        held = {
+                            s.labels["role"]: s.value for f in text_string_to_metric_families(page) for s in f.samples if s.name == "vllm_triage_gil_held_ratio"
+                        }
+                        gil_windows.append(len(held))
+                        gil_held.append(held)
                 finally:
                     stop(sidecar)
                 tokens_per_second = (after - before) / (ended - started)
@@ -104,14 +126,16 @@ async def gil_ab(out: Path, pairs: int) -> dict[str, object]:
     summary = {
         "load": {"model": scenario.model, "flags": list(scenario.flags), "clients": clients, "prompt_words": prompt_words, "max_tokens": max_tokens},
         "window_seconds": window,
+        "gil_settings": settings or "defaults",
         "tokens_per_second": results,
         "on_over_off": ratios,
         "mean_ratio": statistics.mean(ratios),
         "spread": [min(ratios), max(ratios)],
         "gil_series_in_on_pages": gil_windows,
+        "gil_held_ratio_in_on_pages": gil_held,
     }
     print(
-        f"GIL source at its default duty: throughput on/off = {summary['mean_ratio']:.4f} "
+        f"GIL source ({settings or 'defaults'}): throughput on/off = {summary['mean_ratio']:.4f} "
         f"({(1 - statistics.mean(ratios)) * 100:+.2f} % cost), per pair {', '.join(f'{r:.4f}' for r in ratios)}",
         flush=True,
     )
@@ -158,6 +182,11 @@ def latencies(url: str) -> dict[str, float]:
     }
 
 
+def per_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """CPU per stage as a share of one core over the window (threads: vLLM's processes' thread counts)."""
+    return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
+
+
 def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
     nvitop = install_nvitop()
     scenario = SCENARIOS["serving"]
@@ -177,7 +206,9 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
         wait_listening(nvitop_url)
         time.sleep(20)  # windows fill; the first py-spy round is over
         processes = {"sidecar_all_defaults": psutil.Process(sidecar.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
+        before = stage_seconds(sidecar_url)
         summary["side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
+        summary["sidecar_stages_percent_of_core"] = per_stage(before, stage_seconds(sidecar_url), seconds)
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
         summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
@@ -187,7 +218,9 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
             wait_listening(sidecar_url)
             time.sleep(10)
             processes = {"sidecar_gpu_only": psutil.Process(gpu_only.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
+            before = stage_seconds(sidecar_url)
             summary["gpu_only_side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
+            summary["gpu_only_stages_percent_of_core"] = per_stage(before, stage_seconds(sidecar_url), seconds)
         finally:
             stop(gpu_only)
     finally:
@@ -202,14 +235,21 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    what = sys.argv[2]
-    if what == "gil_ab":
-        summary = asyncio.run(gil_ab(out, int(sys.argv[3]) if len(sys.argv) > 3 else 4))
-    elif what == "cost":
-        summary = cost(out)
-    else:
-        raise SystemExit(f"unknown measurement {what!r}: gil_ab or cost")
-    (out / f"{what}.json").write_text(json.dumps(summary, indent=2))
+    measurements: list[list[str]] = [[]]
+    for arg in sys.argv[2:]:
+        if arg == "+":
+            measurements.append([])
+        else:
+            measurements[-1].append(arg)
+    for number, (what, *args) in enumerate(measurements):
+        if what == "gil_ab":
+            settings = dict(arg.split("=", 1) for arg in args[1:])
+            summary = asyncio.run(gil_ab(out, int(args[0]) if args else 4, settings))
+        elif what == "cost":
+            summary = cost(out)
+        else:
+            raise SystemExit(f"unknown measurement {what!r}: gil_ab or cost")
+        (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
 from .daemon import Daemon, steady_wall_clock
-from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot
+from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
 from .registry import SourceLoop, build_sources
 from .report import format_report, format_transition
@@ -177,7 +177,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         target = config.vllm_url_shown
     snapshot = judge_at(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
     if args.json:
-        print(json.dumps(snapshot.to_json(), indent=1, allow_nan=False))
+        print(diagnosis_json(snapshot).decode())
     else:
         print(format_report(snapshot, target), end="")
     # vLLM never read: the finding is the outage, and no other verdict could be made (exit 1, as a check would)

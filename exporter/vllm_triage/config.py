@@ -224,8 +224,10 @@ class Config:
         "FILE",
     )
     gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
-    gil_interval_seconds: float = option(60.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
-    gil_window_seconds: float = option(5.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
+    # py-spy's blocking samples pause vLLM: the default duty (3 s per process every 2 minutes) is the one
+    # measured under 2 % of a CPU-bound real engine's throughput (README, bench/real_engine.py gil_ab).
+    gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
+    gil_window_seconds: float = option(3.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
     gil_nonblocking: bool = option(False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL")
     process_title_prefix: str = option("VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -16,6 +15,7 @@ from typing import TypeVar
 
 from .capture import CaptureWriter, demo_capture_path, read_readings
 from .config import Config
+from .cpu_account import CPU
 from .exposition import Exposition
 from .model import PROCESS_SOURCE, Reading, Snapshot
 from .pipeline import Pipeline
@@ -44,10 +44,9 @@ class Daemon:
             self.demo_capture = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
             self.demo_readings = list(read_readings(self.demo_capture))
         self.pipeline = Pipeline(config, self.demo_readings if config.demo else None)
-        self.exposition = Exposition(config.conditions)
+        self.exposition = Exposition(config.conditions, config.tick_seconds)
         self.recorder = recorder
         self.snapshot: Snapshot | None = None
-        self.diagnosis_json = b""
         self.evaluation_error: str | None = None  # the last tick's error, None when it succeeded
         self._stop = asyncio.Event()
         # The store, the engine and the exposition are touched by this one thread only: ingest and
@@ -57,9 +56,10 @@ class Daemon:
 
     # --- outlets (read by server.py) ---
     async def metrics_body(self, openmetrics: bool) -> bytes:
+        self.exposition.scraped(openmetrics, time.monotonic())
         body = self.exposition.rendered(openmetrics)
-        if body is None:  # the first scrape in this format renders it, on the pipeline thread; ticks do from then on
-            body = await self._in_pipeline(partial(self.exposition.render, openmetrics))
+        if body is None:  # not rendered at this tick (the first scrape, or one not expected): rendered now, on the pipeline thread
+            body = await self._in_pipeline(partial(CPU.run, "render", self.exposition.render, openmetrics))
         return body
 
     @property
@@ -74,9 +74,8 @@ class Daemon:
             self.recorder.write(reading)
 
     def tick(self) -> Snapshot:
-        snapshot = self.pipeline.evaluate(self.clock())
-        self.exposition.update(snapshot)
-        self.diagnosis_json = json.dumps(snapshot.to_json(), indent=1, allow_nan=False).encode()
+        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock())
+        CPU.run("render", self.exposition.update, snapshot, time.monotonic())
         if self.snapshot is None:
             log.info("first evaluation done: ready")
         self._log_transitions(self.snapshot, snapshot)
@@ -109,7 +108,7 @@ class Daemon:
         return await asyncio.get_running_loop().run_in_executor(self._pipeline, work)
 
     async def _ingest(self, reading: Reading) -> None:
-        await self._in_pipeline(partial(self.ingest, reading))
+        await self._in_pipeline(partial(CPU.run, "ingest", self.ingest, reading))
 
     def _tick_if_fed(self) -> None:
         # Ready means "judged on something": wait for the first reading, ok or failed.

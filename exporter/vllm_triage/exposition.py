@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .cpu_account import CPU
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .diagnosis.engine import ConditionSettings
 from .model import SeriesKey, Snapshot
@@ -76,6 +78,15 @@ class SnapshotCollector(Collector):
         build = GaugeMetricFamily(f"{PREFIX}_build_info", "vllm-triage build information.", labels=["version", "python_version"])
         build.add_metric([__version__, platform.python_version()], 1)
         yield build
+        own = CounterMetricFamily(
+            f"{PREFIX}_sidecar_cpu_seconds",
+            "CPU time the sidecar spent, by stage (parsing vLLM's page, each source's collection, storing readings, evaluating, "
+            "rendering; event_loop: its main thread's HTTP serving and I/O). py-spy's runs are its children, not counted here.",
+            labels=["stage"],
+        )
+        for stage, seconds in sorted(CPU.totals().items()):
+            own.add_metric([stage], seconds)
+        yield own
         snapshot = self.snapshot
         if snapshot is None:
             return
@@ -197,23 +208,46 @@ class SnapshotCollector(Collector):
 
 
 class Exposition:
-    """Owns the registry. A format is rendered once per snapshot, and only once a scraper has asked for
-    it: Prometheus asks for one format, and rendering both on every tick was a quarter of the sidecar's
-    CPU. From the first request on, that format is rendered by update(), so scrapes read ready bytes."""
+    """Owns the registry and renders it on the pipeline thread, so that a scrape reads ready bytes.
 
-    def __init__(self, settings: dict[str, ConditionSettings]) -> None:
+    A format is rendered only once a scraper has asked for it, and then at a tick only when a scrape of it
+    is due before the next tick: Prometheus scrapes every 15-60 s while the tick is 2 s, and rendering every
+    tick was a quarter of the sidecar's CPU. The next scrape is expected one period after the last (for two
+    scrapers at different offsets, e.g. an HA pair, after the gap seen two scrapes back). A scrape that
+    finds no body for the current snapshot has it rendered then; a stale body is never served."""
+
+    def __init__(self, settings: dict[str, ConditionSettings], tick_seconds: float = 2.0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector(settings)
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)  # the sidecar's own process_* (vLLM's are vllm_triage_process_*)
         PlatformCollector(registry=self.registry)
+        self.tick_seconds = tick_seconds
         self._bodies: dict[bool, bytes] = {}
         self._asked_for: set[bool] = set()
+        self._scraped_at: dict[bool, list[float]] = {False: [], True: []}  # the last three scrapes per format (monotonic)
+        self.renders = 0
 
-    def update(self, snapshot: Snapshot | None) -> None:
+    def update(self, snapshot: Snapshot | None, now: float | None = None) -> None:
+        """A new snapshot; `now` (monotonic) lets formats with no scrape due skip rendering."""
         self.collector.snapshot = snapshot
         # A new dict, so a reader on another thread sees the old bodies or the new ones, never a mix.
-        self._bodies = {openmetrics: self._generate(openmetrics) for openmetrics in self._asked_for}
+        self._bodies = {openmetrics: self._generate(openmetrics) for openmetrics in self._asked_for if now is None or self._due(openmetrics, now)}
+
+    def scraped(self, openmetrics: bool, now: float) -> None:
+        """A scrape of this format arrived (any thread)."""
+        times = self._scraped_at[openmetrics]
+        self._scraped_at[openmetrics] = [*times[-2:], now]
+
+    def _due(self, openmetrics: bool, now: float) -> bool:
+        times = self._scraped_at[openmetrics]
+        if len(times) < 3:
+            return True
+        gap = times[1] - times[0]
+        if gap <= 2 * self.tick_seconds:
+            return True
+        due = times[2] + gap
+        return due - 2 * self.tick_seconds < now <= due + self.tick_seconds
 
     def rendered(self, openmetrics: bool) -> bytes | None:
         """The current snapshot's body if already rendered (safe from any thread)."""
@@ -228,4 +262,9 @@ class Exposition:
         return bodies[openmetrics]
 
     def _generate(self, openmetrics: bool) -> bytes:
-        return generate_openmetrics(self.registry) if openmetrics else generate_latest(self.registry)  # type: ignore[no-untyped-call]
+        self.renders += 1
+        if openmetrics:
+            # Every name exported is in the legacy character set, so these are the bytes of the default
+            # (underscores) escaping, which walks each sample's name character by character (a third of the render).
+            return generate_openmetrics(self.registry, escaping=ALLOWUTF8)  # type: ignore[no-untyped-call,no-any-return]
+        return generate_latest(self.registry)

@@ -6,6 +6,7 @@ carry exactly the same values.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -273,3 +274,8 @@ class Snapshot:
             }
         )
         return record
+
+
+def diagnosis_json(snapshot: Snapshot) -> bytes:
+    """/diagnosis and `diagnose --json`: strict JSON (no NaN or Infinity: json_safe made them null)."""
+    return json.dumps(snapshot.to_json(), indent=1, allow_nan=False).encode()

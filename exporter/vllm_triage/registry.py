@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Literal
 
+from .cpu_account import CPU
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
@@ -87,7 +88,7 @@ def _vllm(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
 
 def _process(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
     source = ProcessSource(config.vllm_port, config.process_title_prefix, clock)  # psutil blocks: a worker thread
-    return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, source.collect), _nothing)
+    return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, CPU.run, "process_collect", source.collect), _nothing)
 
 
 def _gil(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
@@ -101,7 +102,7 @@ def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
     async def close() -> None:
         source.close()
 
-    return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, source.collect), close)  # NVML blocks
+    return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, CPU.run, "gpu_collect", source.collect), close)  # NVML blocks
 
 
 SOURCES: tuple[SourceSpec, ...] = (

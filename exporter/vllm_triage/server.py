@@ -15,7 +15,7 @@ from typing import Generic, Protocol, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .model import Snapshot
+from .model import Snapshot, diagnosis_json
 from .report import format_report
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -24,10 +24,9 @@ T = TypeVar("T")
 
 
 class Outlets(Protocol):
-    """What the daemon prepares once per tick for the handlers."""
+    """What the daemon prepares once per tick for the handlers (/diagnosis and /report are made on request)."""
 
     snapshot: Snapshot | None
-    diagnosis_json: bytes
     evaluation_error: str | None
 
     @property
@@ -145,6 +144,7 @@ async def serve(app: web.Application, host: str, port: int, max_connections: int
 def make_app(outlets: Outlets) -> web.Application:
     gzipped = {openmetrics: _LastResult[bytes](partial(gzip.compress, compresslevel=1)) for openmetrics in (False, True)}
     report_of = _LastResult[Snapshot](lambda snapshot: format_report(snapshot, outlets.target).encode())
+    diagnosis_of = _LastResult[Snapshot](diagnosis_json)  # on request: most ticks are never asked for
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
@@ -169,7 +169,7 @@ def make_app(outlets: Outlets) -> web.Application:
         if outlets.snapshot is None:
             body = json.dumps({"status": "starting", "detail": "no evaluation yet"}).encode()
             return web.Response(status=503, body=body, content_type="application/json")
-        return web.Response(body=outlets.diagnosis_json, content_type="application/json")
+        return web.Response(body=diagnosis_of(outlets.snapshot), content_type="application/json")
 
     async def report(_: web.Request) -> web.StreamResponse:
         snapshot = outlets.snapshot

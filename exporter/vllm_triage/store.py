@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model import Labels, Reading, SourceHealth, bucket_bound
 from .scope import AGGREGATE_SCOPE, scope_of, shared_scopes
@@ -24,12 +24,14 @@ class Series:
 
 @dataclass(frozen=True)
 class Frame:
-    """One ok Reading, its samples grouped by metric name, and by scope then name."""
+    """One ok Reading, its samples grouped by metric name, and by scope then name. A frame stays in the
+    windows of many ticks: what is derived from it alone is kept in `memo` and computed once."""
 
     timestamp: float
     by_name: dict[str, tuple[Series, ...]]
     by_scope: dict[str, dict[str, tuple[Series, ...]]]
     meta: dict[str, object]
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_reading(cls, reading: Reading) -> Frame:
@@ -48,10 +50,14 @@ class Frame:
         own plus its engine's shared ones. An index lookup, so judging many engines stays linear."""
         if scope == AGGREGATE_SCOPE:
             return self.by_name.get(name, ())
-        found = self.by_scope.get(scope, {}).get(name, ())
-        for shared in shared_scopes(scope):
-            found += self.by_scope.get(shared, {}).get(name, ())
-        return found
+        key = ("series", name, scope)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.by_scope.get(scope, {}).get(name, ())
+            for shared in shared_scopes(scope):
+                found += self.by_scope.get(shared, {}).get(name, ())
+            self.memo[key] = found
+        return found  # type: ignore[return-value]
 
 
 class _SourceState:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.config import load
 from vllm_triage.daemon import Daemon
-from vllm_triage.model import VLLM_SOURCE, Reading
+from vllm_triage.model import VLLM_SOURCE, Reading, diagnosis_json
 from vllm_triage.report import format_report
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
@@ -101,7 +101,7 @@ def test_no_page_can_break_a_tick_or_an_output(sequence):
         assert snapshot is not None and snapshot.timestamp == now
         health = next(h for h in snapshot.sources if h.source == VLLM_SOURCE)
         assert health.up is reading.ok
-        diagnosis = strict_json(daemon.diagnosis_json)
+        diagnosis = strict_json(diagnosis_json(snapshot))
         assert isinstance(diagnosis, dict) and diagnosis["evaluations"] == step + 1
         for openmetrics in (False, True):
             body = daemon.exposition.render(openmetrics).decode()

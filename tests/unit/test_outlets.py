@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -270,13 +271,51 @@ def test_a_format_is_rendered_once_asked_for_and_then_on_every_tick():
     assert daemon.exposition.rendered(openmetrics=False) is not None  # asked for once: ready on every tick
 
 
+def scrape_timeline(offsets: list[float], period: float, seconds: float, tick: float = 2.0) -> tuple[int, int, int]:
+    """Ticks every `tick` s and scrapers every `period` s at `offsets`; (renders, scrapes, scrapes that
+    found the body ready). Every scrape must read the current snapshot's body, ready or rendered then."""
+    daemon = saturated_daemon()
+    exposition = daemon.exposition
+    events = sorted(
+        [(t, "tick") for t in [i * tick for i in range(int(seconds / tick))]]
+        + [(o + k * period, "scrape") for o in offsets for k in range(int(seconds / period))]
+    )
+    scrapes = ready = 0
+    for now, kind in events:
+        if kind == "tick":
+            snapshot = daemon.pipeline.evaluate(now)
+            exposition.update(snapshot, now)
+            continue
+        scrapes += 1
+        exposition.scraped(True, now)
+        body = exposition.rendered(True)
+        ready += body is not None
+        body = body or exposition.render(True)
+        evaluated = re.search(rb"^vllm_triage_last_evaluation_timestamp_seconds (\S+)$", body, re.MULTILINE)
+        assert evaluated and float(evaluated[1]) == snapshot.timestamp
+    return exposition.renders, scrapes, ready
+
+
+def test_a_format_is_rendered_at_the_ticks_before_its_scrapes_are_due():
+    # Prometheus every 15 s, ticks every 2 s (300 in 600 s): after the first three scrapes (30 s of
+    # rendering every tick), each finds its body ready, rendered at the two ticks before it was due.
+    renders, scrapes, ready = scrape_timeline([0.7], 15.0, 600.0)
+    assert scrapes == 40 and ready >= scrapes - 3 and renders <= 2 * scrapes + 16
+    # An HA pair scraping at different offsets: the same.
+    renders, scrapes, ready = scrape_timeline([0.7, 5.3], 15.0, 600.0)
+    assert scrapes == 80 and ready >= scrapes - 4 and renders <= 2 * scrapes + 16
+    # A scraper as fast as the tick: rendered on every tick.
+    renders, scrapes, ready = scrape_timeline([0.5], 1.0, 60.0)
+    assert ready >= scrapes - 3 and renders >= 30
+
+
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "exposition.golden.txt"
 
 
 def test_the_whole_exposition_matches_the_golden_file():
     """node_exporter's end-to-end test: the demo (a real vLLM on the H200, all four sources) replayed to
     minute 6 and rendered; every family, label and value the sidecar exports, against a committed file.
-    The sidecar's own process_*/python_* footprint and build versions vary by machine and are left out.
+    The sidecar's own process_*/python_*/CPU footprint and build versions vary by machine and are left out.
     After an intended change: UPDATE_GOLDEN=1 pytest tests/unit/test_outlets.py -k golden, and review the diff."""
     readings = list(read_readings(demo_capture_path()))
     clock = {"t": readings[0].timestamp}
@@ -288,7 +327,8 @@ def test_the_whole_exposition_matches_the_golden_file():
         daemon.ingest(recorded)
         daemon.tick()
     text = daemon.exposition.render(openmetrics=False).decode()
-    own = ("process_", "python_", "vllm_triage_build_info", "# HELP process_", "# TYPE process_", "# HELP python_", "# TYPE python_")
+    own = tuple(f"{prefix}{name}" for prefix in ("", "# HELP ", "# TYPE ") for name in ("process_", "python_", "vllm_triage_sidecar_cpu_seconds"))
+    own += ("vllm_triage_build_info",)
     kept = "".join(line + "\n" for line in text.splitlines() if not line.startswith(own))
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(kept)

@@ -131,3 +131,73 @@ def test_binds_by_the_api_servers_port_flag_when_its_socket_is_not_visible(tmp_p
             child.kill()
         server.kill()
         foreign.kill()
+
+
+def test_sockets_are_read_again_only_when_vllms_processes_change(monkeypatch):
+    """Binding reads every process' sockets: a rescan with the same vLLM processes keeps the binding; a
+    restarted server (new pids) is bound again."""
+    import vllm_triage.sources.process as process_source
+
+    reads = []
+    real = process_source._listening_pids
+    monkeypatch.setattr(process_source, "_listening_pids", lambda port: reads.append(port) or real(port))
+    port = free_port()
+    server, core = fake_vllm(port, 48)
+    try:
+        source = ProcessSource(port=port)
+        for _ in range(3):
+            source._scanned_at = -float("inf")  # as when RESCAN_SECONDS have passed
+            reading = source.collect()
+            assert {p["pid"] for p in reading.meta["processes"]} == {server.pid, core}
+        assert len(reads) == 1
+    finally:
+        server.kill()
+        server.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core, signal.SIGKILL)
+    restarted, restarted_core = fake_vllm(port, 64)
+    try:
+        time.sleep(0.3)
+        reading = source.collect()  # the old pids are gone: rescanned and bound again
+        assert {p["pid"] for p in reading.meta["processes"]} == {restarted.pid, restarted_core} and len(reads) == 2
+    finally:
+        restarted.kill()
+        restarted.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(restarted_core, signal.SIGKILL)
+
+
+def test_threads_are_read_every_ten_seconds_and_the_busiest_is_repeated_between(monkeypatch):
+    import vllm_triage.sources.process as process_source
+
+    spinner = subprocess.Popen(["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -c 'while True: pass'"])
+    reads = []
+    real = psutil.Process.threads
+    monkeypatch.setattr(psutil.Process, "threads", lambda self: reads.append(self.pid) or real(self))
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(process_source.time, "monotonic", lambda: clock["now"])
+    try:
+        time.sleep(0.3)
+        source = ProcessSource(port=None)
+
+        def engine_core(reading):
+            return next(p for p in reading.meta["processes"] if p["pid"] == spinner.pid)
+
+        source.collect()
+        time.sleep(1.0)
+        clock["now"] += 1.0
+        first = engine_core(source.collect())["busiest_thread"]  # the first ratio comes as soon as it can
+        assert first["main"] and reads.count(spinner.pid) == 2
+        for _ in range(4):  # 2 s apart, within 10 s: the same figure, no thread read
+            clock["now"] += 2.0
+            reading = source.collect()
+            assert engine_core(reading)["busiest_thread"] == first and reads.count(spinner.pid) == 2
+            labels = (("index", str(engine_core(reading)["index"])), ("role", "engine_core"))
+            assert reading.samples[("process_busiest_thread_cpu_ratio", labels)] == first["cpu_ratio"]
+            assert reading.samples[("process_threads", labels)] >= 1
+        clock["now"] += 2.0
+        source.collect()
+        assert reads.count(spinner.pid) == 3  # 10 s after the last read
+    finally:
+        spinner.kill()
+        spinner.wait()

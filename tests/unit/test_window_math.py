@@ -6,19 +6,25 @@ import random
 
 import pytest
 from vllm_triage.signals.vllm import VLLM_SIGNALS
-from vllm_triage.signals.window import WindowView, compute_signals, counter_increase, histogram_quantile
+from vllm_triage.signals.window import WindowView, compute_signals, histogram_quantile
 from vllm_triage.store import Store
 
 from .pages import Counters, page, reading
 
 
-def test_counter_increase_sums_steps():
-    assert counter_increase([(0, 10), (1, 15), (2, 30)]) == 20
-
-
-def test_counter_reset_starts_a_new_baseline_instead_of_going_negative():
-    # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing.
-    assert counter_increase([(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)]) == 25
+def test_counter_increase_sums_steps_and_a_reset_starts_a_new_baseline():
+    store = Store(horizon_seconds=300)
+    c = Counters()
+    # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing, never a negative.
+    for t, total in [(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)]:
+        c.generation_tokens = total
+        store.add(reading(t, page(1, 0, 0.1, c)))
+    assert WindowView(store.window("vllm", 0, 2)).increase("vllm:generation_tokens_total", "m/0") == 20
+    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:generation_tokens_total", "m/0") == 25
+    # the steps kept in the frames give the same answer at the next tick, over a moved window
+    assert WindowView(store.window("vllm", 1, 4)).increase("vllm:generation_tokens_total", "m/0") == 15
+    assert WindowView(store.window("vllm", 0, 0)).increase("vllm:generation_tokens_total", "m/0") is None
+    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:no_such_counter_total", "m/0") is None
 
 
 def test_rate_over_a_window_with_a_restart():

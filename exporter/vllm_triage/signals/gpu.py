@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 from .window import SignalContext, SignalDef, label_value, mean_of
 
@@ -18,15 +19,20 @@ BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe 
 
 def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = None) -> list[dict[str, float]]:
     """Per frame: each name's value, averaged over the scope's GPUs; frames lacking one are skipped."""
-    rows = []
+    rows: list[dict[str, float]] = []
+    key = ("gpu_row", names, ctx.scope, reason)
     for frame in ctx.view.frames:
-        row = {}
-        for name in names:
-            values = [s.value for s in frame.series(name, ctx.scope) if reason is None or label_value(s.labels, "reason") == reason]
-            if not values:
-                break
-            row[name] = mean_of(values)
-        else:
+        row = cast("dict[str, float] | None", frame.memo.get(key))  # a frame's row is computed once, then read by every tick
+        if row is None:
+            row = {}
+            for name in names:
+                values = [s.value for s in frame.series(name, ctx.scope) if reason is None or label_value(s.labels, "reason") == reason]
+                if not values:
+                    row = {}
+                    break
+                row[name] = mean_of(values)
+            frame.memo[key] = row
+        if row:
             rows.append(row)
     return rows
 

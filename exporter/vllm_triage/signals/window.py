@@ -4,8 +4,9 @@ bounded quantiles), and the signal-table machinery: SignalDef, and compute_signa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ..model import Labels
 from ..scope import parse_scope, shared_scopes
@@ -19,16 +20,10 @@ def label_value(labels: Labels, key: str) -> str | None:
     return None
 
 
-def counter_increase(points: Iterable[tuple[float, float]]) -> float:
-    """Sum of step increases. A decrease means the counter restarted: that step starts a new
-    baseline (contributes nothing) rather than producing a negative or inflated increase."""
-    total = 0.0
-    previous: float | None = None
-    for _, value in points:
-        if previous is not None and value >= previous:
-            total += value - previous
-        previous = value
-    return total
+def counter_step(previous: float, value: float) -> float:
+    """A counter's increase from one reading to the next. A decrease means the counter restarted: that
+    step starts a new baseline (contributes nothing) rather than a negative or inflated increase."""
+    return value - previous if value >= previous else 0.0
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -118,16 +113,11 @@ class WindowView:
         key = ("increase", name, scope, where)
         if key in self._cache:
             return self._cache[key]  # type: ignore[return-value]
-        per_series: dict[Labels, list[tuple[float, float]]] = {}
-        for frame in self.frames:
-            for s in frame.series(name, scope):
-                if where is None or where(s.labels):
-                    per_series.setdefault(s.labels, []).append((frame.timestamp, s.value))
-        result: float | None
-        if len(self.frames) < 2 or not per_series:
-            result = None
-        else:
-            result = sum(counter_increase(points) for points in per_series.values())
+        result: float | None = None
+        if len(self.frames) >= 2:
+            steps = [_counter_step(previous, frame, name, scope, where) for previous, frame in pairwise(self.frames)]
+            if any(seen for _, seen in steps) or any(where is None or where(s.labels) for s in self.frames[0].series(name, scope)):
+                result = sum(increase for increase, _ in steps)
         self._cache[key] = result
         return result
 
@@ -143,18 +133,11 @@ class WindowView:
             return self._cache[key]  # type: ignore[return-value]
         result: HistogramDelta | None = None
         if len(self.frames) >= 2:
-            per_bucket: dict[Labels, list[tuple[float, float]]] = {}
-            bound_of: dict[Labels, float] = {}
-            for frame in self.frames:
-                for s in frame.series(name + "_bucket", scope):
-                    if s.le is not None:
-                        per_bucket.setdefault(s.labels, []).append((frame.timestamp, s.value))
-                        bound_of[s.labels] = s.le
-            if per_bucket:
-                by_bound: dict[float, float] = {}
-                for labels, points in per_bucket.items():
-                    bound = bound_of[labels]
-                    by_bound[bound] = by_bound.get(bound, 0.0) + counter_increase(points)
+            by_bound: dict[float, float] = {}
+            for previous, frame in pairwise(self.frames):
+                for bound, increase in _bucket_step(previous, frame, name + "_bucket", scope).items():
+                    by_bound[bound] = by_bound.get(bound, 0.0) + increase
+            if by_bound:
                 result = HistogramDelta(
                     buckets=sorted(by_bound.items()),
                     sum=self.increase(name + "_sum", scope) or 0.0,
@@ -169,6 +152,42 @@ class WindowView:
             for s in frame.series(name, scope):
                 return dict(s.labels)
         return None
+
+
+# A window's increase is the sum of its steps from one frame to the next; a step depends on its two frames
+# only, so it is kept in the later frame's memo and computed once, not at every tick the frame is in a window.
+
+
+def _counter_step(previous: Frame, frame: Frame, name: str, scope: str, where: Callable[[Labels], bool] | None) -> tuple[float, bool]:
+    """(increase of the scope's series from `previous` to `frame`, whether `frame` has any)."""
+    key = ("counter_step", name, scope, where, previous.timestamp)
+    step = frame.memo.get(key)
+    if step is None:
+        before = {s.labels: s.value for s in previous.series(name, scope)}
+        increase, seen = 0.0, False
+        for s in frame.series(name, scope):
+            if where is None or where(s.labels):
+                seen = True
+                old = before.get(s.labels)
+                if old is not None:
+                    increase += counter_step(old, s.value)
+        frame.memo[key] = step = (increase, seen)
+    return step  # type: ignore[return-value]
+
+
+def _bucket_step(previous: Frame, frame: Frame, name: str, scope: str) -> dict[float, float]:
+    """Increase per bucket bound of the scope's `name` series from `previous` to `frame`."""
+    key = ("bucket_step", name, scope, previous.timestamp)
+    step = frame.memo.get(key)
+    if step is None:
+        before = {s.labels: s.value for s in previous.series(name, scope)}
+        by_bound: dict[float, float] = {}
+        for s in frame.series(name, scope):
+            if s.le is not None:
+                old = before.get(s.labels)
+                by_bound[s.le] = by_bound.get(s.le, 0.0) + (counter_step(old, s.value) if old is not None else 0.0)
+        frame.memo[key] = step = by_bound
+    return step  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

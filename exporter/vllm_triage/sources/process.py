@@ -88,6 +88,9 @@ def role_of(cmdline: list[str], title_prefix: str) -> str | None:
 
 
 RESCAN_SECONDS = 30.0  # a full scan of /proc for vLLM's processes; sampling known ones is cheaper
+# Reading every thread's CPU is most of a collection (the engine core and the API server run ~100 threads
+# each on a GPU): done this often, the busiest thread's share is over these seconds and repeated between.
+THREAD_SAMPLE_SECONDS = 10.0
 
 
 @dataclass
@@ -98,7 +101,9 @@ class _Tracked:
     title: str
     args: dict[str, Any]
     thread_times: dict[int, float] = field(default_factory=dict)  # tid -> cumulative CPU seconds
-    sampled_at: float | None = None
+    sampled_at: float | None = None  # when thread_times were read
+    threads: int = 0
+    busiest: dict[str, Any] | None = None  # the busiest thread between the last two reads of thread_times
 
 
 class ProcessSource:
@@ -113,6 +118,9 @@ class ProcessSource:
         self._scanned_at = -math.inf
         self._last_count: tuple[int, int] | None = None
         self.binding = "not scanned yet"
+        self._titled: set[int] = set()
+        self._members: set[int] = set()
+        self._bound_to_listener = False
         self.ignored = 0
 
     def _scan(self) -> None:
@@ -125,7 +133,12 @@ class ProcessSource:
             role = role_of(cmdline, self.title_prefix)
             if role is not None:
                 titled[proc.pid] = (role, proc, cmdline)
-        members, self.binding = self._bind(titled)
+        if set(titled) != self._titled or not self._bound_to_listener:
+            # Binding reads every process' sockets (psutil.net_connections): only when vLLM's processes changed,
+            # or while the server was not yet found listening on its port.
+            self._members, self.binding = self._bind(titled)
+            self._titled, self._bound_to_listener = set(titled), self.binding.startswith("the process listening")
+        members = self._members
         known = {t.process.pid: t for t in self._tracked}
         tracked = []
         for role in ("api_server", "engine_core", "worker"):
@@ -136,6 +149,7 @@ class ProcessSource:
                 entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args)
                 if previous is not None and previous.role == role:
                     entry.thread_times, entry.sampled_at = previous.thread_times, previous.sampled_at
+                    entry.threads, entry.busiest = previous.threads, previous.busiest
                 tracked.append(entry)
         self._tracked = tracked  # processes that exited are gone with their state
         self.ignored = len(titled) - len(tracked)
@@ -202,23 +216,31 @@ class ProcessSource:
     def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> dict[str, Any]:
         labels = make_labels({"role": tracked.role, "index": str(tracked.index)})
         proc = tracked.process
+        due = tracked.sampled_at is None or tracked.busiest is None or now - tracked.sampled_at >= THREAD_SAMPLE_SECONDS
         with proc.oneshot():
             cpu = proc.cpu_times()
             out[("process_cpu_seconds_total", labels)] = cpu.user + cpu.system
             out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
-            threads = proc.threads()
-        out[("process_threads", labels)] = float(len(threads))
-        times = {t.id: t.user_time + t.system_time for t in threads}
+            if due:
+                self._sample_threads(tracked, now, proc.threads())
+        out[("process_threads", labels)] = float(tracked.threads)
         entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index}
+        if tracked.busiest is not None:
+            out[("process_busiest_thread_cpu_ratio", labels)] = tracked.busiest["cpu_ratio"]
+            entry["busiest_thread"] = tracked.busiest
+        return entry
+
+    @staticmethod
+    def _sample_threads(tracked: _Tracked, now: float, threads: list[Any]) -> None:
+        times = {t.id: t.user_time + t.system_time for t in threads}
         if tracked.sampled_at is not None and now > tracked.sampled_at:
             elapsed = now - tracked.sampled_at
             deltas = {tid: value - tracked.thread_times.get(tid, value) for tid, value in times.items()}
             tid, busiest = max(deltas.items(), key=lambda item: item[1], default=(0, 0.0))
             ratio = max(0.0, busiest / elapsed)
-            out[("process_busiest_thread_cpu_ratio", labels)] = ratio
-            entry["busiest_thread"] = {"tid": tid, "name": _thread_name(proc.pid, tid), "main": tid == proc.pid, "cpu_ratio": round(ratio, 3)}
-        tracked.thread_times, tracked.sampled_at = times, now
-        return entry
+            pid = tracked.process.pid
+            tracked.busiest = {"tid": tid, "name": _thread_name(pid, tid), "main": tid == pid, "cpu_ratio": round(ratio, 3)}
+        tracked.thread_times, tracked.sampled_at, tracked.threads = times, now, len(threads)
 
 
 def _listening_pids(port: int) -> set[int]:

@@ -12,12 +12,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
 
@@ -295,7 +297,8 @@ class VllmSource:
             body = await self._get(self.metrics_url, self.max_page_bytes)
             text = body.decode("utf-8", errors="replace")
             # In a worker thread: a large page takes the parser seconds, and /metrics must keep answering.
-            samples, facts = await asyncio.to_thread(parse_page, text, self.max_series, self.max_engines, self.max_label_value_length, self.keep, self._memo)
+            parse = partial(parse_page, text, self.max_series, self.max_engines, self.max_label_value_length, self.keep, self._memo)
+            samples, facts = await asyncio.to_thread(CPU.run, "vllm_parse", parse)
             if not self._version_asked:
                 self._version_asked = True
                 await self._fetch_version()
