@@ -2,7 +2,7 @@
 tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
 
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   what py-spy costs the engine (goal: < 2 %)
-    python3 -m bench.real_engine OUT_DIR cost            the sidecar beside nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR cost [full-only] the sidecar beside nvitop-exporter, one run, same load
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
 
 gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
@@ -13,8 +13,9 @@ holds exactly one py-spy round, as in a long run. Throughput is vLLM's own gener
 go off/on, on/off, ... so that drift cancels out.
 
 cost: the 1B model serving 32 clients; the sidecar (all defaults) and nvitop-exporter (its default 1 s
-interval; the reference GPU exporter) run side by side over the same window, each scraped every 15 s as
-Prometheus would; then the sidecar with the GPU source only. CPU as a share of one core, RSS, where the
+interval; the reference GPU exporter) run side by side over the same window (one GIL interval, so one
+py-spy round), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
+GPU source only. CPU as a share of one core, RSS, where the
 sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
 50 scrapers. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
 Each measurement prints and writes N-<name>.json (N: its place on the command line).
@@ -187,7 +188,8 @@ def per_stage(before: dict[str, float], after: dict[str, float], seconds: float)
     return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
 
 
-def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
+def cost(out: Path, gpu_only_too: bool) -> dict[str, object]:
+    seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
     scenario = SCENARIOS["serving"]
     server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "cost-vllm.log")
@@ -204,7 +206,7 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
         sidecar_url, nvitop_url = f"http://127.0.0.1:{SIDECAR_PORT}/metrics", f"http://127.0.0.1:{NVITOP_PORT}/metrics"
         wait_listening(sidecar_url)
         wait_listening(nvitop_url)
-        time.sleep(20)  # windows fill; the first py-spy round is over
+        time.sleep(20)  # windows fill; the first py-spy round is over (the next one falls in the window)
         processes = {"sidecar_all_defaults": psutil.Process(sidecar.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
         before = stage_seconds(sidecar_url)
         summary["side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
@@ -213,6 +215,8 @@ def cost(out: Path, seconds: float = 90.0) -> dict[str, object]:
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
         summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
         stop(sidecar)
+        if not gpu_only_too:
+            return summary
         gpu_only = start_sidecar(out / "cost-gpu", "gpu")
         try:
             wait_listening(sidecar_url)
@@ -246,7 +250,7 @@ def main() -> None:
             settings = dict(arg.split("=", 1) for arg in args[1:])
             summary = asyncio.run(gil_ab(out, int(args[0]) if args else 4, settings))
         elif what == "cost":
-            summary = cost(out)
+            summary = cost(out, gpu_only_too=args != ["full-only"])
         else:
             raise SystemExit(f"unknown measurement {what!r}: gil_ab or cost")
         (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
