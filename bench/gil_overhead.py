@@ -1,7 +1,7 @@
 """What py-spy GIL sampling costs vLLM: A/B pairs of vLLM throughput (generated tokens/s) with the
 sidecar's GIL source off and on, against the real vLLM (CPU build). Prints a table; enforces nothing.
 
-    .venv/bin/python -m bench.gil_overhead [--pairs 3] [--seconds 60] [--gil-interval 60]
+    .venv/bin/python -m bench.gil_overhead [--pairs 3] [--seconds 60] [--gil-interval S]
     .venv/bin/python -m bench.gil_overhead --pairs 6 --seconds 30 --gil-interval 5   # windows back to back
 
 Each run starts a fresh sidecar (sources vllm,process, plus gil when on) and drives 8 clients for
@@ -15,6 +15,8 @@ import asyncio
 import statistics
 import tempfile
 from pathlib import Path
+
+from vllm_triage.config import OPTIONS_BY_KEY
 
 from tests.support import vllm_server
 from tests.support.components import start_sidecar
@@ -39,9 +41,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--gil-interval", type=float, default=60.0, help="the sidecar's gil_interval_seconds (default: its default)")
-    parser.add_argument("--gil-window", type=float, default=5.0)
-    parser.add_argument("--gil-rate", type=int, default=20)
+    default_interval = OPTIONS_BY_KEY["gil_interval_seconds"].default
+    parser.add_argument("--gil-interval", type=float, default=default_interval, help="the sidecar's gil_interval_seconds (default: its default)")
+    parser.add_argument("--gil-window", type=float, default=OPTIONS_BY_KEY["gil_window_seconds"].default)
+    parser.add_argument("--gil-rate", type=int, default=OPTIONS_BY_KEY["gil_rate"].default)
     args = parser.parse_args()
     results: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,8 +6,8 @@ resolve it (vLLM on 2 CPU cores swings +-30 % run to run; bench/gil_overhead.py 
 The target is the worst case for blocking sampling: an engine-core-like loop, Python-bound between
 tiny torch kernels (on the GPU when there is one), with torch's thread pools up. Segments alternate
 py-spy off / on (`record --gil` as the GIL source runs it) and compare the loop's iterations per
-second. The sidecar's default opens a window on each process for 5 s every 60 s, so its cost is this
-in-window cost times 5/60. Prints a table; enforces nothing.
+second. The sidecar's default opens a window on each process for gil_window_seconds every
+gil_interval_seconds, so its cost is this in-window cost times their ratio. Prints a table; enforces nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from vllm_triage.config import OPTIONS_BY_KEY
 from vllm_triage.sources.gil import find_py_spy
 
 TARGET = textwrap.dedent(
@@ -87,9 +88,11 @@ def main() -> None:
             target.kill()
     median = statistics.median(ratios)
     mode = "nonblocking" if args.nonblocking else "blocking"
+    window, interval = (float(OPTIONS_BY_KEY[key].default) for key in ("gil_window_seconds", "gil_interval_seconds"))
     print(
         f"{device} target, py-spy {mode} {args.rate} Hz: in-window on/off median {median:.4f} (range {min(ratios):.4f}-{max(ratios):.4f}), "
-        f"cost {(1 - median) * 100:.2f} % while a window is open; at the default duty (5 s every 60 s) {(1 - median) * 100 * 5 / 60:.2f} %"
+        f"cost {(1 - median) * 100:.2f} % while a window is open; "
+        f"at the default duty ({window:g} s every {interval:g} s) {(1 - median) * 100 * window / interval:.2f} %"
     )
 
 

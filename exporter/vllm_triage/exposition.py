@@ -241,12 +241,12 @@ class Exposition:
 
     def _due(self, openmetrics: bool, now: float) -> bool:
         times = self._scraped_at[openmetrics]
-        if len(times) < 3:
-            return True
-        gap = times[1] - times[0]
+        if len(times) < 2:  # asked once (a person's curl): rendered when asked again, not at every tick
+            return False
+        gap = times[-2] - times[-3] if len(times) == 3 else times[-1] - times[-2]
         if gap <= 2 * self.tick_seconds:
             return True
-        due = times[2] + gap
+        due = times[-1] + gap
         return due - 2 * self.tick_seconds < now <= due + self.tick_seconds
 
     def rendered(self, openmetrics: bool) -> bytes | None:

@@ -261,14 +261,14 @@ def test_serve_demo_judges_the_bundled_capture_and_says_what_it_lacks(tmp_path):
         demo.process.wait()
 
 
-def test_a_format_is_rendered_once_asked_for_and_then_on_every_tick():
+def test_a_format_is_rendered_once_asked_for_and_at_ticks_while_scraped_often():
     daemon = saturated_daemon()
     assert daemon.exposition.rendered(openmetrics=True) is None  # nobody asked: ticks render nothing
     ((_, _, first), (_, _, second)) = serve_and_get(daemon, [("/metrics", {})] * 2)
     assert first == second
     assert daemon.exposition.rendered(openmetrics=True) is None
     daemon.tick()
-    assert daemon.exposition.rendered(openmetrics=False) is not None  # asked for once: ready on every tick
+    assert daemon.exposition.rendered(openmetrics=False) is not None  # asked for twice in a row: ready at every tick
 
 
 def scrape_timeline(offsets: list[float], period: float, seconds: float, tick: float = 2.0) -> tuple[int, int, int]:
@@ -304,6 +304,8 @@ def test_a_format_is_rendered_at_the_ticks_before_its_scrapes_are_due():
     # An HA pair scraping at different offsets: the same.
     renders, scrapes, ready = scrape_timeline([0.7, 5.3], 15.0, 600.0)
     assert scrapes == 80 and ready >= scrapes - 4 and renders <= 2 * scrapes + 16
+    # One request (a person's curl): rendered for it, not at every tick after.
+    assert scrape_timeline([0.7], 100.0, 120.0) == (1, 1, 0)
     # A scraper as fast as the tick: rendered on every tick.
     renders, scrapes, ready = scrape_timeline([0.5], 1.0, 60.0)
     assert ready >= scrapes - 3 and renders >= 30

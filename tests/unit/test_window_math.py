@@ -12,13 +12,19 @@ from vllm_triage.store import Store
 from .pages import Counters, page, reading
 
 
-def test_counter_increase_sums_steps_and_a_reset_starts_a_new_baseline():
+def generated_tokens(totals: list[tuple[float, float]]) -> Store:
+    """A store of vLLM pages whose generation-token counter reads `totals` at their times."""
     store = Store(horizon_seconds=300)
     c = Counters()
-    # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing, never a negative.
-    for t, total in [(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)]:
+    for t, total in totals:
         c.generation_tokens = total
         store.add(reading(t, page(1, 0, 0.1, c)))
+    return store
+
+
+def test_counter_increase_sums_steps_and_a_reset_starts_a_new_baseline():
+    # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing, never a negative.
+    store = generated_tokens([(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)])
     assert WindowView(store.window("vllm", 0, 2)).increase("vllm:generation_tokens_total", "m/0") == 20
     assert WindowView(store.window("vllm", 0, 4)).increase("vllm:generation_tokens_total", "m/0") == 25
     # the steps kept in the frames give the same answer at the next tick, over a moved window
@@ -28,11 +34,7 @@ def test_counter_increase_sums_steps_and_a_reset_starts_a_new_baseline():
 
 
 def test_rate_over_a_window_with_a_restart():
-    store = Store(horizon_seconds=300)
-    c = Counters()
-    for t, total in [(0, 100), (10, 120), (20, 140), (30, 5), (40, 25)]:
-        c.generation_tokens = total
-        store.add(reading(t, page(1, 0, 0.1, c)))
+    store = generated_tokens([(0, 100), (10, 120), (20, 140), (30, 5), (40, 25)])
     view = WindowView(store.window("vllm", 0, 40))
     # 20 + 20 + (reset) + 20 tokens over 40 s
     assert view.rate("vllm:generation_tokens_total", "m/0") == pytest.approx(60 / 40)
