@@ -11,13 +11,14 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import OPTIONS, Config, ConfigError, add_flags, load
-from .daemon import Daemon, steady_wall_clock
+from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
 from .registry import SourceLoop, build_sources
@@ -235,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.command == "serve":
-            asyncio.run(Daemon(config).run())
+            watch = ConfigWatch(Path(args.config), partial(_config, args)) if getattr(args, "config", None) else None
+            asyncio.run(serve_forever(config, watch))
             return 0
         if args.command == "diagnose":
             return _diagnose(args, config)

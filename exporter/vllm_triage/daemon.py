@@ -9,12 +9,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from .capture import CaptureWriter, demo_capture_path, read_readings
-from .config import Config
+from .capture import demo_capture_path, read_readings
+from .config import Config, ConfigError
 from .cpu_account import CPU
 from .exposition import Exposition
 from .model import PROCESS_SOURCE, Reading, Snapshot
@@ -34,9 +35,23 @@ def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable
     return lambda: anchor_wall + (monotonic() - anchor)
 
 
+CONFIG_CHECK_SECONDS = 5.0  # how often the config file is looked at (a mounted ConfigMap changes within a minute)
+
+
+@dataclass(frozen=True)
+class ConfigWatch:
+    """The config file to watch and how to load it again (the same flags and environment as at start)."""
+
+    path: Path
+    load: Callable[[], Config]
+
+
 class Daemon:
-    def __init__(self, config: Config, clock: Callable[[], float] | None = None, recorder: CaptureWriter | None = None) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] | None = None, watch: ConfigWatch | None = None) -> None:
         self.config = config
+        self.watch = watch
+        self._watched = _read(watch.path) if watch else None
+        self.reloaded: Config | None = None  # set when run() returned to be started again with this config
         self.clock = clock or steady_wall_clock()
         self.demo_capture: Path | None = None
         self.demo_readings: list[Reading] = []
@@ -45,7 +60,6 @@ class Daemon:
             self.demo_readings = list(read_readings(self.demo_capture))
         self.pipeline = Pipeline(config, self.demo_readings if config.demo else None)
         self.exposition = Exposition(config.conditions, config.tick_seconds)
-        self.recorder = recorder
         self.snapshot: Snapshot | None = None
         self.evaluation_error: str | None = None  # the last tick's error, None when it succeeded
         self._stop = asyncio.Event()
@@ -70,8 +84,6 @@ class Daemon:
     # --- pipeline ---
     def ingest(self, reading: Reading) -> None:
         self.pipeline.feed(reading)
-        if self.recorder is not None:
-            self.recorder.write(reading)
 
     def tick(self) -> Snapshot:
         snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock())
@@ -103,6 +115,27 @@ class Daemon:
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
             except asyncio.TimeoutError:
                 pass
+
+    async def _check_config(self) -> None:
+        """A changed config file is loaded: a valid one ends run() so that serve starts again with it (only
+        the sidecar's loops restart: vLLM and the pod are untouched; the windows start empty); an invalid
+        one is reported and the running configuration kept."""
+        assert self.watch is not None
+        content = _read(self.watch.path)
+        if content == self._watched:
+            return
+        self._watched = content
+        try:
+            config = self.watch.load()
+        except ConfigError as error:
+            log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
+            self.exposition.collector.config_reload_successful = False
+            return
+        self.exposition.collector.config_reload_successful = True
+        if config != self.config:
+            log.warning("config file %s changed: starting again with it (vLLM is not touched; windows start empty)", self.watch.path)
+            self.reloaded = config
+            self._stop.set()
 
     async def _in_pipeline(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pipeline, work)
@@ -153,18 +186,8 @@ class Daemon:
             await asyncio.sleep(gap)
 
     async def run(self) -> None:
+        """Collect and evaluate until stop() or until a changed config file was loaded (self.reloaded)."""
         config = self.config
-        # A scrape arriving while the pipeline thread computes waits for the GIL: hand it over after
-        # 1 ms instead of the default 5 ms.
-        sys.setswitchinterval(0.001)
-        runner, _ = await serve(make_app(self), config.listen_host, config.listen_port, config.max_connections, config.http_header_timeout_seconds)
-        host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
-        print(f"vllm-triage serving on http://{host}:{config.listen_port}/", flush=True)
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a clean exit (py-spy killed, capture closed)
-            loop.add_signal_handler(sig, self._stop.set)
-
         tasks: list[asyncio.Task[None]] = []
         loops: list[SourceLoop] = []
         if config.demo:
@@ -181,16 +204,106 @@ class Daemon:
 
                 tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
         tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", partial(self._in_pipeline, self._tick_if_fed))))
+        if self.watch is not None:
+            tasks.append(asyncio.create_task(self._every(CONFIG_CHECK_SECONDS, "config", self._check_config)))
         try:
             await self._stop.wait()
         finally:
-            log.info("shutting down")
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for loop_ in loops:
                 await loop_.close()
-            await runner.cleanup()  # before the pipeline goes: a scrape in flight may still render on it
-            self._pipeline.shutdown(wait=True)
-            if self.recorder is not None:
-                self.recorder.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take_over(self, before: Daemon) -> None:
+        """Continue from the daemon a reload replaces: its readings of the sources still on (the windows
+        stay full) and its last snapshot, served until this one's first evaluation."""
+        if not self.config.demo and not before.config.demo:
+            self.pipeline.store.take_history(before.pipeline.store, self.config.sources)
+        if before.snapshot is not None:
+            self.snapshot = before.snapshot
+            self.exposition.update(before.snapshot)
+
+    def shutdown(self) -> None:
+        self._pipeline.shutdown(wait=True)
+
+
+class _Current:
+    """What the HTTP handlers serve: the running daemon, replaced when a changed config file is loaded,
+    so that the listener (and Prometheus' scrapes) never see the reload."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.daemon.snapshot
+
+    @property
+    def evaluation_error(self) -> str | None:
+        return self.daemon.evaluation_error
+
+    @property
+    def target(self) -> str:
+        return self.daemon.target
+
+    async def metrics_body(self, openmetrics: bool) -> bytes:
+        return await self.daemon.metrics_body(openmetrics)
+
+
+def _listener(config: Config) -> tuple[str, int, int, float]:
+    return config.listen_host, config.listen_port, config.max_connections, config.http_header_timeout_seconds
+
+
+async def serve_forever(config: Config, watch: ConfigWatch | None = None) -> None:
+    """`serve`: the HTTP listener, and a daemon behind it; a changed config file swaps the daemon (vLLM and
+    the pod are untouched, the listener stays up unless its own settings changed)."""
+    # A scrape arriving while the pipeline thread computes waits for the GIL: hand it over after
+    # 1 ms instead of the default 5 ms.
+    sys.setswitchinterval(0.001)
+    current = _Current(Daemon(config, watch=watch))
+    app = make_app(current)
+    runner, _ = await serve(app, *_listener(config))
+    host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
+    print(f"vllm-triage serving on http://{host}:{config.listen_port}/", flush=True)
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+        current.daemon.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a clean exit (py-spy killed, capture closed)
+        loop.add_signal_handler(sig, stop)
+    try:
+        while True:
+            running = current.daemon
+            try:
+                await running.run()
+            except BaseException:
+                running.shutdown()
+                raise
+            if stopping.is_set() or running.reloaded is None:
+                log.info("shutting down")
+                break
+            replacement = Daemon(running.reloaded, watch=watch)
+            replacement.take_over(running)
+            logging.getLogger().setLevel(replacement.config.log_level.upper())
+            current.daemon = replacement
+            running.shutdown()
+            if _listener(replacement.config) != _listener(running.config):
+                await runner.cleanup()
+                runner, _ = await serve(app, *_listener(replacement.config))
+    finally:
+        await runner.cleanup()  # before the last pipeline goes: a scrape in flight may still render on it
+        current.daemon.shutdown()
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

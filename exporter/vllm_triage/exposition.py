@@ -73,11 +73,17 @@ class SnapshotCollector(Collector):
         self.settings = settings
         self.snapshot: Snapshot | None = None
         self.evaluation_failures = 0
+        self.config_reload_successful = True
 
     def collect(self) -> Iterator[Metric]:
         build = GaugeMetricFamily(f"{PREFIX}_build_info", "vllm-triage build information.", labels=["version", "python_version"])
         build.add_metric([__version__, platform.python_version()], 1)
         yield build
+        reload = GaugeMetricFamily(
+            f"{PREFIX}_config_last_reload_successful", "0 when the config file changed into an invalid one (the running configuration is kept; see the log)."
+        )
+        reload.add_metric([], 1.0 if self.config_reload_successful else 0.0)
+        yield reload
         own = CounterMetricFamily(
             f"{PREFIX}_sidecar_cpu_seconds",
             "CPU time the sidecar spent, by stage (parsing vLLM's page, each source's collection, storing readings, evaluating, "

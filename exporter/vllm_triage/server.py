@@ -26,8 +26,11 @@ T = TypeVar("T")
 class Outlets(Protocol):
     """What the daemon prepares once per tick for the handlers (/diagnosis and /report are made on request)."""
 
-    snapshot: Snapshot | None
-    evaluation_error: str | None
+    @property
+    def snapshot(self) -> Snapshot | None: ...
+
+    @property
+    def evaluation_error(self) -> str | None: ...
 
     @property
     def target(self) -> str: ...

@@ -114,6 +114,11 @@ class Store:
     def sources(self) -> list[str]:
         return sorted(self._sources)
 
+    def take_history(self, other: Store, sources: tuple[str, ...]) -> None:
+        """Continue from `other`'s readings of these sources (a reloaded config: the windows stay full);
+        this store's horizons apply from the next reading on."""
+        self._sources.update({name: state for name, state in other._sources.items() if name in sources})
+
     def latest(self, source: str) -> Reading | None:
         state = self._sources.get(source)
         return state.latest if state else None

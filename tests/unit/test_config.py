@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from vllm_triage.config import ConfigError, load
+
+from tests.support.components import start_sidecar
 
 
 def write(tmp_path, text: str) -> str:
@@ -89,3 +93,37 @@ def test_missing_file_is_named(tmp_path):
 def test_listen_without_host_means_every_interface():
     assert load(env={}, flags={"listen": ":9999"}).listen == "0.0.0.0:9999"
     assert load(env={}, flags={"max_num_seqs": "auto"}).max_num_seqs is None
+
+
+def test_a_changed_config_file_is_picked_up_without_a_restart_and_an_invalid_one_is_refused(tmp_path):
+    """As a mounted ConfigMap changes (kubelet swaps the file in): a valid new config takes effect in the
+    same process; an invalid one is refused with the key named, and the running configuration stays."""
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "conditions:\n  kv_cache_saturated: {usage_min: 0.8}\n", "--demo")
+    config = tmp_path / "sidecar.yaml"
+
+    def swap(text: str) -> None:
+        staged = tmp_path / "staged.yaml"
+        staged.write_text(text)
+        os.replace(staged, config)
+
+    def usage_min() -> float:
+        samples = sidecar.metrics()["vllm_triage_condition_threshold"]
+        return next(s.value for s in samples if s.labels == {"condition": "kv_cache_saturated", "threshold": "usage_min"})
+
+    def reload_ok() -> float:
+        return sidecar.metrics()["vllm_triage_config_last_reload_successful"][0].value
+
+    try:
+        assert usage_min() == 0.8 and reload_ok() == 1
+        swap("conditions:\n  kv_cache_saturated: {usage_min: 0.7}\n")
+        sidecar.wait_for(lambda: usage_min() == 0.7, 30, "the new threshold in force")
+        swap("conditions:\n  kv_cache_saturated: {usage_min: lots}\n")
+        sidecar.wait_for(lambda: reload_ok() == 0, 30, "the invalid file refused")
+        assert usage_min() == 0.7 and sidecar.process.poll() is None
+        assert "conditions.kv_cache_saturated.usage_min" in sidecar.log_path.read_text()
+        swap("conditions:\n  kv_cache_saturated: {usage_min: 0.75}\n")
+        sidecar.wait_for(lambda: usage_min() == 0.75 and reload_ok() == 1, 30, "the fixed file in force")
+        assert sidecar.process.poll() is None  # one process throughout: the pod's containers are untouched
+    finally:
+        sidecar.process.terminate()
+        assert sidecar.process.wait(timeout=30) == 0

@@ -81,16 +81,17 @@ def test_every_ci_value_set_renders_valid_kubernetes_objects(values_file):
         kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
 
 
-def test_default_is_vllm_with_a_native_sidecar_and_no_added_capability(tmp_path):
+def test_default_is_vllm_with_a_plain_sidecar_and_no_added_capability(tmp_path):
     objects = render(ci_values("default"))
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
-    vllm, sidecar = pod["containers"][0], pod["initContainers"][0]
+    assert "initContainers" not in pod
+    vllm, sidecar = pod["containers"]
     assert vllm["name"] == "vllm" and vllm["args"][0] == "Qwen/Qwen2.5-1.5B-Instruct"
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"startupProbe", "readinessProbe", "livenessProbe"} <= vllm.keys()
-    assert sidecar["name"] == "vllm-triage" and sidecar["restartPolicy"] == "Always"
-    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz" and sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sidecar["name"] == "vllm-triage" and "restartPolicy" not in sidecar
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     security = sidecar["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"] and security["seccompProfile"]["type"] == "RuntimeDefault"
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
@@ -116,6 +117,26 @@ def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vl
     assert config.conditions["kv_cache_saturated"].for_seconds == 60  # the ConfigMap reached the sidecar
     endpoints = one(objects, "ServiceMonitor")["spec"]["endpoints"]
     assert {e["port"]: e["relabelings"][0]["replacement"] for e in endpoints} == {"http": "vllm", "triage": "vllm-triage"}
+
+
+@pytest.mark.parametrize("values", [{}, ci_values("profiler"), {"triage": {"nativeSidecar": True}}], ids=["defaults", "profiler", "native"])
+def test_the_sidecar_can_neither_hold_vllm_back_nor_take_its_pod_out_of_service(values):
+    """No startup or readiness probe on the sidecar beside vLLM (its liveness restarts only itself), and
+    a changed triage.config changes the ConfigMap only: the pod template, hence vLLM, stays as it is."""
+    objects = render(values)
+    sidecar = containers(one(objects, "Deployment"))["vllm-triage"]
+    assert "startupProbe" not in sidecar and "readinessProbe" not in sidecar and sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    tuned = render({**values, "triage": {**values.get("triage", {}), "config": {"conditions": {"kv_cache_saturated": {"usage_min": 0.7}}}}})
+    retuned = render({**values, "triage": {**values.get("triage", {}), "config": {"conditions": {"kv_cache_saturated": {"usage_min": 0.9}}}}})
+    assert one(tuned, "Deployment") == one(retuned, "Deployment")
+    assert [o["data"] for o in tuned if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})] != [
+        o["data"] for o in retuned if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})
+    ]
+
+
+def test_standalone_the_sidecar_is_ready_only_once_it_has_judged():
+    sidecar = containers(one(render(ci_values("standalone")), "Deployment"))["vllm-triage"]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz" and "startupProbe" not in sidecar
 
 
 def restricted_violations(pod: dict) -> list[str]:

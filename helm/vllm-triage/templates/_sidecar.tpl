@@ -5,6 +5,9 @@ Call it with a dict:
             parent chart (Helm merges this chart's defaults in)
   vllmUrl   the vLLM to watch, e.g. http://127.0.0.1:8000
   native    true to render it for initContainers (a native sidecar, Kubernetes >= 1.29)
+  standalone true when the pod has no vLLM (the sidecar watches a remote one): only then has it a
+            readinessProbe. Beside vLLM it has a livenessProbe only, so that nothing it does (failing,
+            starting slowly, being OOM-killed) delays vLLM's start or takes vLLM's pod out of its Service.
   maxNumSeqs vLLM's --max-num-seqs, when the sidecar cannot read vLLM's command line (no profiler)
   gpusFile  a file in a shared emptyDir where vLLM's container lists its GPUs (this chart: see deployment.yaml)
   appVersion the image tag when values.image.tag is empty (this chart passes its appVersion)
@@ -66,18 +69,17 @@ shareProcessNamespace: true.
     {{- with $triage.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  startupProbe:
-    httpGet: {path: /healthz, port: triage}
-    periodSeconds: 2
-    failureThreshold: 30
   livenessProbe:
     httpGet: {path: /healthz, port: triage}
+    initialDelaySeconds: 10
     periodSeconds: 15
     timeoutSeconds: 3
+  {{- if .standalone }}
   readinessProbe:
     httpGet: {path: /readyz, port: triage}
     periodSeconds: 10
     timeoutSeconds: 3
+  {{- end }}
   resources:
     {{- toYaml $triage.resources | nindent 4 }}
   securityContext:
