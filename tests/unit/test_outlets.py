@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 import os
@@ -335,3 +336,19 @@ def test_the_whole_exposition_matches_the_golden_file():
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(kept)
     assert kept == GOLDEN.read_text(), "the exposition changed: UPDATE_GOLDEN=1 to accept it after reviewing the diff"
+
+
+def test_a_reloaded_config_judges_the_readings_already_in_its_window():
+    """After a config file change the new daemon continues from the old one's readings: its first
+    evaluation already sees the saturated window (with the new threshold), not an empty one."""
+    before = saturated_daemon()
+    assert before.snapshot is not None and "kv_cache_saturated" in {v.condition for v in before.snapshot.verdicts if v.active}
+    retuned = load(env={}, flags={"max_num_seqs": "64"})
+    immediate = dataclasses.replace(retuned.conditions["kv_cache_saturated"], for_seconds=0.0)
+    retuned = dataclasses.replace(retuned, conditions={**retuned.conditions, "kv_cache_saturated": immediate})
+    after = Daemon(retuned, clock=lambda: 78.0)
+    after.take_over(before)
+    assert after.snapshot is before.snapshot  # served until its own first evaluation
+    snapshot = after.tick()
+    verdict = next(v for v in snapshot.verdicts if v.condition == "kv_cache_saturated")
+    assert verdict.active and snapshot.signals  # judged on the inherited window at once
