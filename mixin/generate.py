@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import yaml
-from vllm_triage.config import OPTIONS
+from vllm_triage.config import OPTIONS, config_schema
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.signals.gpu import GPU_SIGNALS
 from vllm_triage.signals.vllm import VLLM_SIGNALS
@@ -100,6 +100,17 @@ def _yaml(document: object) -> str:
     )
 
 
+VALUES_SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "vllm-triage" / "values.schema.json"
+
+
+def values_schema() -> str:
+    """The chart's values.schema.json with `triage.config` the sidecar's own config schema."""
+    schema = json.loads(VALUES_SCHEMA.read_text())
+    config = schema["properties"]["triage"]["properties"]["config"]
+    schema["properties"]["triage"]["properties"]["config"] = {"description": config["description"], **config_schema()}
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
 ARTIFACTS: dict[str, Callable[[], str]] = {
     "docs/conditions.md": conditions_markdown,
     "docs/reference.md": reference_markdown,
@@ -112,6 +123,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     # The Helm chart may only read files inside itself: its PrometheusRule and dashboard ConfigMaps.
     "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.rules_file()),
     **{f"helm/vllm-triage/files/dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
+    "helm/vllm-triage/values.schema.json": values_schema,
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -33,6 +34,19 @@ def _bad(key: str, value: object, allowed: str) -> ConfigError:
     return ConfigError(f"config key '{key}': {value!r} is not allowed; {allowed}")
 
 
+Parse = Callable[[str, Any], Any]
+# each parser's JSON Schema (values.schema.json refuses what it refuses); weak: parsers made per call go with it
+_SCHEMAS: weakref.WeakKeyDictionary[Parse, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _described(schema: dict[str, Any]) -> Callable[[Parse], Parse]:
+    def register(parse: Parse) -> Parse:
+        _SCHEMAS[parse] = schema
+        return parse
+
+    return register
+
+
 def _number(minimum: float, maximum: float | None = None, integer: bool = False) -> Callable[[str, Any], Any]:
     kind = "an integer" if integer else "a number"
     span = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
@@ -50,7 +64,8 @@ def _number(minimum: float, maximum: float | None = None, integer: bool = False)
             raise _bad(key, raw, f"expected {kind} {span}")
         return value
 
-    return parse
+    bounds = {"minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
+    return _described({"type": "integer" if integer else "number", **bounds})(parse)
 
 
 def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
@@ -59,9 +74,10 @@ def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
             return None
         return parse(key, raw)
 
-    return wrapped
+    return _described({"anyOf": [_SCHEMAS[parse], {"type": "null"}, {"enum": ["", "none", "auto"]}]})(wrapped)
 
 
+@_described({"type": "boolean"})
 def _boolean(key: str, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -73,6 +89,7 @@ def _boolean(key: str, raw: Any) -> bool:
     raise _bad(key, raw, "expected true or false")
 
 
+@_described({"type": "string", "pattern": "^https?://[^/]"})
 def _url(key: str, raw: Any) -> str:
     allowed = "expected an http:// or https:// URL such as http://127.0.0.1:8000"
     try:
@@ -85,12 +102,14 @@ def _url(key: str, raw: Any) -> str:
     return str(raw).rstrip("/")
 
 
+@_described({"type": "string", "pattern": "^/"})
 def _path_component(key: str, raw: Any) -> str:
     if not isinstance(raw, str) or not raw.startswith("/"):
         raise _bad(key, raw, "expected a path starting with '/'")
     return raw
 
 
+@_described({"type": "string", "pattern": ":[0-9]{1,5}$"})
 def _listen(key: str, raw: Any) -> str:
     host, sep, port = str(raw).rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -104,9 +123,10 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
             raise _bad(key, raw, f"expected one of {', '.join(choices)}")
         return str(raw).lower()
 
-    return parse
+    return _described({"enum": list(choices)})(parse)
 
 
+@_described({"type": "string", "minLength": 1})
 def _text(key: str, raw: Any) -> str:
     if not isinstance(raw, str) or not raw:
         raise _bad(key, raw, "expected a non-empty string")
@@ -125,14 +145,18 @@ def _items(raw: Any) -> list[str]:
     return [item.strip() for item in str(raw).split(",") if item.strip()]
 
 
+_SOURCE_NAMES = [spec.name for spec in SOURCES]
+
+
+@_described({"anyOf": [{"type": "array", "items": {"enum": _SOURCE_NAMES}, "minItems": 1}, {"type": "string", "minLength": 1}]})
 def _source_list(key: str, raw: Any) -> tuple[str, ...]:
     items = _items(raw)
-    names = [spec.name for spec in SOURCES]
-    if not items or any(item not in names for item in items):
-        raise _bad(key, raw, f"expected a comma-separated subset of {', '.join(names)}")
+    if not items or any(item not in _SOURCE_NAMES for item in items):
+        raise _bad(key, raw, f"expected a comma-separated subset of {', '.join(_SOURCE_NAMES)}")
     return tuple(dict.fromkeys(items))
 
 
+@_described({"anyOf": [{"type": "array", "items": {"type": ["string", "integer"]}, "minItems": 1}, {"type": ["string", "integer"]}]})
 def _gpu_list(key: str, raw: Any) -> tuple[str, ...]:
     items = tuple(_items(raw))
     if not items:
@@ -311,6 +335,25 @@ def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionS
             thresholds=thresholds,
         )
     return settings
+
+
+def config_schema() -> dict[str, Any]:
+    """JSON Schema of the config file: every option of the table, and `conditions` with each condition's
+    durations and thresholds (embedded in the chart's values.schema.json, so `helm install` names a typo)."""
+    properties: dict[str, Any] = {o.key: {**_SCHEMAS[o.parse], "description": o.help} for o in OPTIONS}
+    conditions: dict[str, Any] = {}
+    for condition in CONDITIONS:
+        keys: dict[str, Any] = {
+            "enabled": _SCHEMAS[_boolean],
+            "for_seconds": _SCHEMAS[_number(0.0)],
+            "clear_for_seconds": _SCHEMAS[_number(0.0)],
+            "window_seconds": _SCHEMAS[_number(2.0)],
+        }
+        for t in condition.thresholds:
+            keys[t.name] = {**_SCHEMAS[_number(t.minimum, t.maximum)], "description": t.description}
+        conditions[condition.id] = {"type": ["object", "null"], "additionalProperties": False, "properties": keys}
+    properties["conditions"] = {"type": ["object", "null"], "additionalProperties": False, "properties": conditions}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
 def load(config_file: str | None = None, env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Config:

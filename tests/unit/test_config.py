@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import jsonschema
 import pytest
-from vllm_triage.config import ConfigError, load
+import yaml
+from vllm_triage.config import OPTIONS, ConfigError, config_schema, load
 
 from tests.support.components import start_sidecar
 
@@ -46,28 +48,46 @@ def test_condition_overrides(tmp_path):
     assert config.conditions["itl_high"].enabled is False
 
 
-@pytest.mark.parametrize(
-    ("text", "names"),
-    [
-        ("conditions:\n  kv_cache_saturated:\n    usage_min: 1.7\n", ["conditions.kv_cache_saturated.usage_min", "1.7", "<= 1.0"]),
-        ("conditions:\n  kv_cache_saturated:\n    usage_mni: 0.9\n", ["conditions.kv_cache_saturated.usage_mni", "usage_min"]),
-        ("conditions:\n  kv_cache_saturatd: {}\n", ["conditions.kv_cache_saturatd", "kv_cache_saturated"]),
-        ("scrape_interval_seconds: fast\n", ["scrape_interval_seconds", "'fast'", "a number"]),
-        ("scrape_interval_seconds: 0\n", ["scrape_interval_seconds", ">= 0.1"]),
-        ("vllm_url: localhost:8000\n", ["vllm_url", "http://"]),
-        ("listen: 10290\n", ["listen", "HOST:PORT"]),
-        ("max_num_seqs: 2.5\n", ["max_num_seqs", "an integer"]),
-        ("log_level: loud\n", ["log_level", "debug, info"]),
-        ("scrap_interval: 2\n", ["scrap_interval", "unknown key"]),
-        ("- just\n- a list\n", ["expected a mapping"]),
-        ("key: [unclosed\n", ["not valid YAML"]),
-    ],
-)
+BAD_FILES = [
+    ("conditions:\n  kv_cache_saturated:\n    usage_min: 1.7\n", ["conditions.kv_cache_saturated.usage_min", "1.7", "<= 1.0"]),
+    ("conditions:\n  kv_cache_saturated:\n    usage_mni: 0.9\n", ["conditions.kv_cache_saturated.usage_mni", "usage_min"]),
+    ("conditions:\n  kv_cache_saturatd: {}\n", ["conditions.kv_cache_saturatd", "kv_cache_saturated"]),
+    ("scrape_interval_seconds: fast\n", ["scrape_interval_seconds", "'fast'", "a number"]),
+    ("scrape_interval_seconds: 0\n", ["scrape_interval_seconds", ">= 0.1"]),
+    ("vllm_url: localhost:8000\n", ["vllm_url", "http://"]),
+    ("listen: 10290\n", ["listen", "HOST:PORT"]),
+    ("max_num_seqs: 2.5\n", ["max_num_seqs", "an integer"]),
+    ("log_level: loud\n", ["log_level", "debug, info"]),
+    ("scrap_interval: 2\n", ["scrap_interval", "unknown key"]),
+    ("- just\n- a list\n", ["expected a mapping"]),
+    ("key: [unclosed\n", ["not valid YAML"]),
+]
+
+
+@pytest.mark.parametrize(("text", "names"), BAD_FILES)
 def test_a_wrong_value_names_the_key_the_value_and_what_is_allowed(tmp_path, text, names):
     with pytest.raises(ConfigError) as info:
         load(write(tmp_path, text), env={})
     for name in names:
         assert name in str(info.value)
+
+
+@pytest.mark.parametrize("text", [text for text, _ in BAD_FILES[:-2]])
+def test_the_charts_schema_refuses_what_the_sidecar_refuses(text):
+    """values.schema.json embeds config_schema(): `helm install` stops a config the sidecar would refuse."""
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(yaml.safe_load(text), config_schema())
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
+def test_the_charts_schema_accepts_every_default_the_sidecar_accepts(tmp_path, option):
+    default = list(option.default) if isinstance(option.default, tuple) else option.default
+    path = write(tmp_path, yaml.safe_dump({option.key: default}))
+    try:
+        load(path, env={})
+    except ConfigError:
+        return  # not a value a file can hold (an empty list): the schema may refuse it too
+    jsonschema.validate({option.key: default}, config_schema())
 
 
 def test_wrong_env_value_is_named():
