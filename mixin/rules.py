@@ -393,9 +393,7 @@ def _runbook(name: str, c: Condition) -> list[str]:
     lines = ["", f"## {name}", "", f"Condition `{c.id}` (layer {c.layer}, {c.severity}): {c.summary}.", "", c.meaning, ""]
     lines.append(
         f"**Confirm**: on the overview dashboard the *{c.id}* row of the verdict timeline is on; "
-        f"`curl -s <pod>:10290/diagnosis | jq '.conditions[] | select(.condition==\"{c.id}\")'` shows the evidence"
-        + (" and the cause" if c.causes else "")
-        + "."
+        f"`kubectl exec <pod> -c vllm-triage -- vllm-triage report --json --condition {c.id}` shows the evidence" + (" and the cause" if c.causes else "") + "."
     )
     if c.thresholds:
         lines.append("")

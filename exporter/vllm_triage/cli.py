@@ -10,6 +10,8 @@ import logging
 import math
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
-from .config import OPTIONS, Config, ConfigError, add_flags, load
+from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
@@ -100,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--out", required=True, metavar="FILE", help="Capture file to write (.jsonl.gz).")
     record.add_argument("--seconds", type=_seconds, default=60.0, help="How long to record. Default 60.")
 
+    report = commands.add_parser("report", help="Print a running sidecar's report (or its /diagnosis JSON): in its container, where there is no curl.")
+    report.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"The sidecar's address. Default http://127.0.0.1:{DEFAULT_PORT}.")
+    report.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
+    report.add_argument("--condition", metavar="ID", help="With --json: only this condition's verdict, evidence and next actions.")
+    report.add_argument("--timeout", type=_seconds, default=10.0, help="Give up after this many seconds. Default 10.")
+
     play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
     with_config(play)
     add_flags(play, ("tick_seconds", "window_seconds", "max_num_seqs", "log_level"))
@@ -117,6 +125,30 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> Config:
     flags = {o.key: getattr(args, o.key, None) for o in OPTIONS}
     return load(getattr(args, "config", None), flags=flags)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """GET /report or /diagnosis from a running sidecar and print it."""
+    url = args.url.rstrip("/") + ("/diagnosis" if args.json else "/report")
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            body = response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as error:  # 503 while starting: its body says why
+        print(f"vllm-triage: {url} answered {error.code}: {error.read().decode('utf-8', errors='replace').strip()}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        print(f"vllm-triage: no sidecar answers at {url}: {reason}", file=sys.stderr)
+        return 1
+    if args.json and args.condition:
+        conditions = json.loads(body)["conditions"]
+        found = [c for c in conditions if c["condition"] == args.condition]
+        if not found:
+            print(f"vllm-triage: no condition {args.condition!r}; expected one of {', '.join(c['condition'] for c in conditions)}", file=sys.stderr)
+            return 2
+        body = json.dumps(found[0], indent=1)
+    print(body.rstrip("\n"))
+    return 0
 
 
 def _capture_path(name: str) -> Path:
@@ -241,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "diagnose":
             return _diagnose(args, config)
+        if args.command == "report":
+            return _report(args)
         if args.command == "record":
             return _record(args, config)
         if args.command == "trace":

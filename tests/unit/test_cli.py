@@ -10,6 +10,8 @@ from vllm_triage.capture import CaptureWriter, demo_capture_path, read_descripti
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
 
+from tests.support.components import start_sidecar
+
 
 def test_serve_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
@@ -121,3 +123,22 @@ def test_a_capture_cut_short_replays_what_it_holds(tmp_path, capsys):
     assert 0 < len(kept) < len(readings)
     assert kept == readings[: len(kept)]
     assert main(["replay", str(cut)]) == 0
+
+
+def test_report_reads_a_running_sidecar_without_curl(tmp_path, capsys):
+    """`kubectl exec <pod> -c vllm-triage -- vllm-triage report`: the image has no curl (nor jq)."""
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "", "--demo")
+    try:
+        assert main(["report", "--url", sidecar.url]) == 0
+        report = capsys.readouterr().out
+        assert "vLLM version: 0.26.0" in report
+        assert main(["report", "--url", sidecar.url, "--json", "--condition", "kv_cache_saturated"]) == 0
+        verdict = json.loads(capsys.readouterr().out)
+        assert verdict["condition"] == "kv_cache_saturated" and verdict["state"] in ("inactive", "pending", "active") and verdict["next_actions"]
+        assert main(["report", "--url", sidecar.url, "--json", "--condition", "kv_cache_saturatd"]) == 2
+        assert "kv_cache_saturated" in capsys.readouterr().err
+    finally:
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=30)
+    assert main(["report", "--url", sidecar.url, "--timeout", "2"]) == 1
+    assert f"no sidecar answers at {sidecar.url}/report" in capsys.readouterr().err
