@@ -14,9 +14,28 @@ from vllm_triage.exposition import exported_signal
 from .rules import RECORDING_RULES
 
 DS = {"type": "prometheus", "uid": "$datasource"}
-SIDECAR = 'namespace=~"$namespace",pod=~"$pod"'
-VLLM = 'namespace=~"$namespace",pod=~"$pod",model_name=~"$model",engine=~"$engine"'
-GPU = 'namespace=~"$namespace",pod=~"$pod"'
+# `cluster` matches series without the label too (".*" matches the empty value): one Prometheus or many.
+SIDECAR = 'cluster=~"$cluster",namespace=~"$namespace",pod=~"$pod"'
+VLLM = 'cluster=~"$cluster",namespace=~"$namespace",pod=~"$pod",model_name=~"$model",engine=~"$engine"'
+GPU = SIDECAR
+
+
+def unit_of(metric: str) -> str:
+    """Grafana's unit for a metric or recording rule by its name's unit suffix (Prometheus' naming rules)."""
+    name = metric.split("{")[0]
+    if "bytes_per_second" in name:
+        return "Bps"
+    if "per_second" in name or name.endswith(("_total", ":rate5m")):
+        return "ops"
+    if "_seconds" in name:
+        return "s"
+    if "_ratio" in name or "_perc" in name:
+        return "percentunit"
+    if "_bytes" in name:
+        return "bytes"
+    if "_watts" in name:
+        return "watt"
+    return "short"
 
 
 def _q(vllm_metric: str) -> str:
@@ -129,10 +148,11 @@ def _variables() -> dict[str, Any]:
     return {
         "list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
-            query("namespace", "Namespace", "label_values(vllm_triage_build_info, namespace)"),
-            query("pod", "Pod", 'label_values(vllm_triage_build_info{namespace=~"$namespace"}, pod)'),
-            query("model", "Model", 'label_values(vllm:num_requests_running{namespace=~"$namespace",pod=~"$pod"}, model_name)'),
-            query("engine", "Engine", 'label_values(vllm:num_requests_running{namespace=~"$namespace",pod=~"$pod"}, engine)'),
+            query("cluster", "Cluster", "label_values(vllm_triage_build_info, cluster)"),
+            query("namespace", "Namespace", 'label_values(vllm_triage_build_info{cluster=~"$cluster"}, namespace)'),
+            query("pod", "Pod", 'label_values(vllm_triage_build_info{cluster=~"$cluster",namespace=~"$namespace"}, pod)'),
+            query("model", "Model", f"label_values(vllm:num_requests_running{{{SIDECAR}}}, model_name)"),
+            query("engine", "Engine", f"label_values(vllm:num_requests_running{{{SIDECAR}}}, engine)"),
         ]
     }
 
@@ -152,7 +172,8 @@ def _dashboard(uid: str, title: str, layout: _Layout, description: str) -> dict[
         "refresh": "30s",
         "templating": _variables(),
         "annotations": {"list": []},
-        "links": [{"title": "vLLM triage", "type": "dashboards", "tags": ["vllm-triage"], "asDropdown": True}],
+        # from one dashboard to the next, the cluster, namespace, pod, model and time range stay selected
+        "links": [{"title": "vLLM triage", "type": "dashboards", "tags": ["vllm-triage"], "asDropdown": True, "includeVars": True, "keepTime": True}],
         "panels": layout.panels,
     }
 
@@ -401,7 +422,16 @@ def conditions() -> dict[str, Any]:
             exprs = [(f"{family_}{{{selector}}}", legend) for family_, selector, legend in drill_down(condition)]
             exprs.append((f'max(vllm_triage_condition_active{{{SIDECAR},condition="{cid}"}})', "active"))
             exprs += [_threshold(cid, t.name) for t in condition.thresholds[:2]]
-            lay.add(timeseries(f"{cid} ({condition.severity})", exprs, description=condition.meaning))
+            panel = timeseries(f"{cid} ({condition.severity})", exprs, unit=unit_of(exprs[0][0]), description=condition.meaning)
+            # the 0/1 state on its own axis, so that it neither squashes nor borrows the signals' unit
+            active = [
+                {"id": "unit", "value": "bool_on_off"},
+                {"id": "custom.axisPlacement", "value": "right"},
+                {"id": "max", "value": 1},
+                {"id": "min", "value": 0},
+            ]
+            panel["fieldConfig"]["overrides"].append({"matcher": {"id": "byName", "options": "active"}, "properties": active})
+            lay.add(panel)
     return _dashboard(
         "vllm-triage-conditions",
         "vLLM triage — conditions",
@@ -425,7 +455,7 @@ def fleet() -> dict[str, Any]:
     }
     for rule in RECORDING_RULES:
         title, legend = titles[rule["record"]]
-        lay.add(timeseries(title, [(f'{rule["record"]}{{namespace=~"$namespace"}}', legend)]))
+        lay.add(timeseries(title, [(f'{rule["record"]}{{cluster=~"$cluster",namespace=~"$namespace"}}', legend)], unit=unit_of(rule["record"])))
     return _dashboard("vllm-triage-fleet", "vLLM triage — fleet", lay, "Every vLLM in the fleet, from the recording rules in alerts/.")
 
 

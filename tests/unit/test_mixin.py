@@ -77,3 +77,27 @@ def test_every_drill_down_panel_queries_a_family_the_sidecar_exports():
     assert not missing, missing
     host = [(family, selector) for items in shown.values() for family, selector, _ in items if family.startswith("vllm_triage_process_window_")]
     assert host and not [h for h in host if "model_name=" in h[1] or "engine=" in h[1]]
+
+
+def test_every_panel_has_the_unit_of_what_it_shows_and_links_keep_the_selection():
+    """Seconds read as seconds and ratios as percentages (not 'short'); following a link keeps the cluster,
+    namespace, pod, model and time range; every query can be narrowed to a cluster."""
+    from mixin.dashboards import DASHBOARDS
+
+    units = {}
+    for name, build in DASHBOARDS.items():
+        dashboard = build()
+        assert all(link["includeVars"] and link["keepTime"] for link in dashboard["links"])
+        assert [v["name"] for v in dashboard["templating"]["list"]][:3] == ["datasource", "cluster", "namespace"]
+        for panel in dashboard["panels"]:
+            if panel["type"] == "row":
+                continue
+            units[(name, panel["title"])] = panel["fieldConfig"]["defaults"].get("unit")
+            assert all('cluster=~"$cluster"' in t["expr"] for t in panel["targets"]), panel["title"]
+    conditions = "vllm-triage-conditions.json"
+    assert units[(conditions, "ttft_high (warning)")] == "s" and units[(conditions, "itl_high (warning)")] == "s"
+    assert units[(conditions, "kv_cache_saturated (critical)")] == "percentunit"
+    assert units[(conditions, "gpu_starved (warning)")] == "percentunit"
+    fleet = "vllm-triage-fleet.json"
+    assert units[(fleet, "TTFT p95 by model")] == "s" and units[(fleet, "Fullest KV cache by model")] == "percentunit"
+    assert units[(fleet, "Generated tokens/s by model")] == "ops"
