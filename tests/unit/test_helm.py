@@ -214,6 +214,71 @@ def test_monitoring_scrapes_both_under_the_job_names_the_alerts_use_and_ships_th
         subprocess.run(["promtool", "check", "rules", str(path)], check=True, capture_output=True)
 
 
+TUNED = {
+    "monitoring": {
+        "jobs": {"vllm": "inference/vllm", "triage": "inference/vllm-triage"},
+        "prometheusRule": {
+            "additionalRuleLabels": {"team": "inference"},
+            "runbookUrlBase": "https://wiki.example.com/runbooks/vllm-triage/",
+            "grafanaUrl": "https://grafana.example.com/",
+            "disabledAlerts": ["VllmTriageGpuThrottled"],
+            "for": {"VllmTriageTtftHigh": "10m"},
+        },
+    }
+}
+
+
+def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict) -> dict:
+    """The generated promtool tests as the tuned rules must pass them: job names, the extra label, the
+    runbook and dashboard URLs; the disabled alert's and the re-timed alert's cases left out."""
+    left_out = {*tune["disabledAlerts"], *tune["for"]}
+    groups = []
+    for group in tests["tests"]:
+        text = yaml.safe_dump(group["input_series"])
+        for default, job in (("vllm-triage", jobs["triage"]), ("vllm", jobs["vllm"])):
+            text = text.replace(f'job=\\"{default}\\"', f'job=\\"{job}\\"').replace(f'job="{default}"', f'job="{job}"')
+        cases = [case for case in group.get("alert_rule_test", []) if case["alertname"] not in left_out]
+        for case in cases:
+            for alert in case["exp_alerts"]:
+                labels = alert["exp_labels"]
+                if "job" in labels:
+                    labels["job"] = {"vllm": jobs["vllm"], "vllm-triage": jobs["triage"]}[labels["job"]]
+                labels.update(tune["additionalRuleLabels"])
+                annotations = alert["exp_annotations"]
+                annotations["runbook_url"] = tune["runbookUrlBase"].rstrip("/") + "#" + annotations["runbook_url"].split("#")[1]
+                annotations["dashboard_url"] = (
+                    f"{tune['grafanaUrl'].rstrip('/')}/d/vllm-triage-overview?var-namespace={labels.get('namespace', '')}&var-pod={labels.get('pod', '')}"
+                )
+        if cases:
+            groups.append({**group, "input_series": yaml.safe_load(text), "alert_rule_test": cases})
+    return {**tests, "tests": groups}
+
+
+def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still_passes(tmp_path):
+    objects = render(TUNED)
+    tune, jobs = TUNED["monitoring"]["prometheusRule"], TUNED["monitoring"]["jobs"]
+    endpoints = one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert {e["port"]: e["relabelings"][0]["replacement"] for e in endpoints} == {"http": jobs["vllm"], "triage": jobs["triage"]}
+    spec = one(objects, "PrometheusRule")["spec"]
+    alerts = {r["alert"]: r for g in spec["groups"] for r in g["rules"] if "alert" in r}
+    assert "VllmTriageGpuThrottled" not in alerts and len(alerts) == 18
+    assert alerts["VllmTriageTtftHigh"]["for"] == "10m"
+    assert all(a["labels"]["team"] == "inference" for a in alerts.values())
+    assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
+    assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0'
+    assert alerts["VllmTriageDown"]["expr"] == 'up{job="inference/vllm-triage"} == 0'
+    shown = "https://grafana.example.com/d/vllm-triage-overview?var-namespace={{ $labels.namespace }}&var-pod={{ $labels.pod }}"
+    assert alerts["VllmTriageKvCacheSaturated"]["annotations"]["dashboard_url"] == shown
+    if not shutil.which("promtool"):
+        pytest.skip("promtool not installed (make prometheus-tools)")
+    (tmp_path / RULES_FILE).write_text(yaml.safe_dump(spec))
+    tests = yaml.safe_load((ROOT / "alerts" / "vllm-triage.rules.test.yml").read_text())
+    (tmp_path / "tuned.test.yml").write_text(yaml.safe_dump(tuned_rule_tests(tests, jobs, tune)))
+    subprocess.run(["promtool", "check", "rules", str(tmp_path / RULES_FILE)], check=True, capture_output=True)
+    result = subprocess.run(["promtool", "test", "rules", "tuned.test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_dashboards_ship_as_configmaps_grafana_picks_up():
     objects = render(ci_values("default"))
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"]

@@ -73,6 +73,6 @@ Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMon
   relabelings:
     - action: replace
       targetLabel: job
-      replacement: {{ ternary "vllm" "vllm-triage" (eq . "http") }}
+      replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . "http") }}
 {{- end }}
 {{- end }}
