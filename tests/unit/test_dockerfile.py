@@ -1,4 +1,5 @@
-"""The container image recipe, checked statically (no Docker engine here): parsed by dockerfile-parse."""
+"""The container image recipe, checked statically (parsed by dockerfile-parse); tests/integration/test_image.py
+builds and runs it."""
 
 from __future__ import annotations
 
@@ -22,16 +23,21 @@ def final_stage() -> list[tuple[str, str]]:
     return steps[last_from:]
 
 
-def test_final_image_is_slim_python_running_as_a_numeric_non_root_user():
+def test_the_published_image_is_slim_python_running_as_a_numeric_non_root_user():
+    """The base is an ARG (tests/integration/test_image.py builds on a locally made Debian); its default is
+    the published image's base."""
+    base = next(value for name, value in instructions() if name == "ARG" and value.startswith("BASE="))
+    assert re.fullmatch(r"BASE=python:3\.\d+-slim", base)
     stage = final_stage()
-    assert re.fullmatch(r"python:3\.\d+-slim", stage[0][1])
+    assert stage[0][1] == "${BASE}"
     users = [value for name, value in stage if name == "USER"]
     assert users and re.fullmatch(r"[1-9]\d*:[1-9]\d*", users[-1])  # numeric: runAsNonRoot can verify it
 
 
 def test_py_spy_gets_the_ptrace_file_capability_and_the_package_is_installed():
-    run = " ".join(value for name, value in final_stage() if name == "RUN")
-    assert "pip install" in run and "setcap cap_sys_ptrace+ep" in run and "py-spy" in run
+    built = " ".join(value for name, value in instructions() if name == "RUN")
+    final = " ".join(value for name, value in final_stage() if name == "RUN")
+    assert "pip install" in built and "setcap cap_sys_ptrace+ep /opt/vllm-triage/bin/py-spy" in final
 
 
 def test_healthcheck_and_port_match_the_sidecar_defaults():
