@@ -56,3 +56,23 @@ def test_everything_copied_into_the_build_exists_and_passes_dockerignore():
             for source in sources:
                 assert (ROOT / source).exists(), source
                 assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"
+
+
+def test_the_release_workflow_publishes_the_image_the_chart_points_at_for_two_architectures():
+    """.github/workflows/release.yml, checked statically (no runner here): on a version tag, after the
+    tests, a linux/amd64 + linux/arm64 image and the chart as an OCI artifact, both at the tag's version."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    assert workflow[True]["push"]["tags"] == ["v*.*.*"]  # YAML 1.1 reads the key `on` as true
+    publish = workflow["jobs"]["publish"]
+    assert publish["needs"] == "test" and "make test" in workflow["jobs"]["test"]["steps"][-1]["run"]
+    steps = {step.get("uses", "").split("@")[0]: step for step in publish["steps"]}
+    build = steps["docker/build-push-action"]["with"]
+    assert set(build["platforms"].split(",")) == {"linux/amd64", "linux/arm64"} and build["push"] is True
+    values = yaml.safe_load((ROOT / "helm" / "vllm-triage" / "values.yaml").read_text())
+    registry, _, path = values["image"]["repository"].partition("/")
+    assert build["tags"].startswith("${{ env.REGISTRY }}/") and publish["env"]["REGISTRY"] == registry and build["tags"].split(":")[0].endswith("/vllm-triage")
+    assert path.endswith("/vllm-triage")
+    chart = next(step["run"] for step in publish["steps"] if "helm push" in step.get("run", ""))
+    assert "--app-version" in chart and "oci://" in chart
