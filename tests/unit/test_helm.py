@@ -3,6 +3,7 @@ schemas (kubernetes-validate), promtool and the sidecar's own config loader."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -25,9 +26,9 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 KUBERNETES = kubernetes_validate.latest_version()
 
 
-def render(values: dict | None = None, chart: Path = CHART) -> list[dict]:
+def render(values: dict | None = None, chart: Path = CHART, name: str = "llm", namespace: str = "inference") -> list[dict]:
     """Every object the chart renders, hooks included, as helm template would print them."""
-    manifests = helm_python.Chart.load(str(chart)).render(values or {}, name="llm", namespace="inference")
+    manifests = helm_python.Chart.load(str(chart)).render(values or {}, name=name, namespace=namespace)
     objects = []
     for path, text in manifests.items():
         if path.endswith("NOTES.txt"):
@@ -246,9 +247,8 @@ def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict) -> dict:
                 labels.update(tune["additionalRuleLabels"])
                 annotations = alert["exp_annotations"]
                 annotations["runbook_url"] = tune["runbookUrlBase"].rstrip("/") + "#" + annotations["runbook_url"].split("#")[1]
-                annotations["dashboard_url"] = (
-                    f"{tune['grafanaUrl'].rstrip('/')}/d/vllm-triage-overview?var-namespace={labels.get('namespace', '')}&var-pod={labels.get('pod', '')}"
-                )
+                where = f"var-namespace={labels.get('namespace', '')}&var-pod={labels.get('pod', '')}"
+                annotations["dashboard_url"] = f"{tune['grafanaUrl'].rstrip('/')}/d/{release_uid('vllm-triage-overview')}?{where}"
         if cases:
             groups.append({**group, "input_series": yaml.safe_load(text), "alert_rule_test": cases})
     return {**tests, "tests": groups}
@@ -267,7 +267,9 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
     assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0'
     assert alerts["VllmTriageDown"]["expr"] == 'up{job="inference/vllm-triage"} == 0'
-    shown = "https://grafana.example.com/d/vllm-triage-overview?var-namespace={{ $labels.namespace }}&var-pod={{ $labels.pod }}"
+    overview = release_uid("vllm-triage-overview")
+    assert f"{overview}.json" in shipped_dashboards(objects)  # the alert links to this release's own dashboard
+    shown = f"https://grafana.example.com/d/{overview}?var-namespace={{{{ $labels.namespace }}}}&var-pod={{{{ $labels.pod }}}}"
     assert alerts["VllmTriageKvCacheSaturated"]["annotations"]["dashboard_url"] == shown
     if not shutil.which("promtool"):
         pytest.skip("promtool not installed (make prometheus-tools)")
@@ -279,11 +281,34 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dashboards_ship_as_configmaps_grafana_picks_up():
-    objects = render(ci_values("default"))
+def release_uid(uid: str, release: str = "inference/llm") -> str:
+    return f"{uid}-{hashlib.sha256(release.encode()).hexdigest()[:8]}"
+
+
+def shipped_dashboards(objects: list[dict]) -> dict[str, dict]:
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"]
-    shipped = {key: json.loads(text) for m in maps for key, text in m["data"].items()}
-    assert shipped == {name: json.loads((ROOT / "dashboards" / name).read_text()) for name in DASHBOARDS}
+    return {key: json.loads(text) for m in maps for key, text in m["data"].items()}
+
+
+def test_dashboards_ship_as_configmaps_grafana_picks_up_under_this_releases_uids():
+    """The generated dashboards, each under a uid, title and file name of its own release."""
+    shipped = shipped_dashboards(render(ci_values("default")))
+    expected = {}
+    for name in DASHBOARDS:
+        dashboard = json.loads((ROOT / "dashboards" / name).read_text())
+        uid = release_uid(dashboard["uid"])
+        expected[f"{uid}.json"] = {**dashboard, "uid": uid, "title": f"{dashboard['title']} (inference/llm)"}
+    assert shipped == expected
+
+
+def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the_other_shows():
+    first = [o for o in render(name="llm-a") if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]]
+    second = [o for o in render(name="llm-b") if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]]
+    assert len(first) == len(second) == len(DASHBOARDS)
+    assert not {o["metadata"]["name"] for o in first} & {o["metadata"]["name"] for o in second}
+    assert not {key for o in first for key in o["data"]} & {key for o in second for key in o["data"]}  # Grafana's sidecar's file names
+    uids = [{json.loads(text)["uid"] for o in objects for text in o["data"].values()} for objects in (first, second)]
+    assert not uids[0] & uids[1]
 
 
 @pytest.mark.parametrize(

@@ -76,3 +76,12 @@ Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMon
       replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . "http") }}
 {{- end }}
 {{- end }}
+
+{{/*
+A dashboard's uid for this release: its generated uid and a hash of the release's namespace and name, so
+that two releases' dashboards (and the files Grafana's sidecar writes for them) never collide, and
+uninstalling one release removes only its own. Call with (dict "root" $ "uid" "vllm-triage-overview").
+*/}}
+{{- define "vllm-triage.dashboardUid" -}}
+{{- printf "%s-%s" .uid (printf "%s/%s" .root.Release.Namespace .root.Release.Name | sha256sum | trunc 8) }}
+{{- end }}
