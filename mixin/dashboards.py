@@ -136,7 +136,6 @@ def _variables() -> dict[str, Any]:
             "type": "query",
             "datasource": DS,
             "query": {"query": expr, "refId": name},
-            "definition": expr,
             "refresh": 2,
             "includeAll": True,
             "multi": True,

@@ -101,3 +101,33 @@ def test_every_panel_has_the_unit_of_what_it_shows_and_links_keep_the_selection(
     fleet = "vllm-triage-fleet.json"
     assert units[(fleet, "TTFT p95 by model")] == "s" and units[(fleet, "Fullest KV cache by model")] == "percentunit"
     assert units[(fleet, "Generated tokens/s by model")] == "ops"
+
+
+def test_every_dashboard_survives_grafanas_typed_models_unchanged():
+    """No Grafana server can run here: grafana-foundation-sdk's models of Grafana 11.6's dashboard schema
+    stand in. Every key the generator writes must come back from a round trip through them (a renamed or
+    dropped field is schema drift); `__inputs` is the import wrapper, not part of the schema."""
+    import json
+
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    from mixin.dashboards import DASHBOARDS
+
+    def lost(ours: object, back: object, path: str = "") -> list[str]:
+        if isinstance(ours, dict):
+            if not isinstance(back, dict):
+                return [path]
+            return [p for key, value in ours.items() for p in ([f"{path}/{key}"] if key not in back else lost(value, back[key], f"{path}/{key}"))]
+        if isinstance(ours, list):
+            if not isinstance(back, list) or len(ours) != len(back):
+                return [path]
+            return [p for i, (a, b) in enumerate(zip(ours, back, strict=True)) for p in lost(a, b, f"{path}[{i}]")]
+        same = ours == back or (isinstance(ours, (int, float)) and isinstance(back, (int, float)) and float(ours) == float(back))
+        return [] if same else [f"{path}: {ours!r} -> {back!r}"]
+
+    for name, build in DASHBOARDS.items():
+        ours = build()
+        assert ours.pop("__inputs") == []
+        back = json.loads(json.dumps(Dashboard.from_json(ours), cls=JSONEncoder))
+        assert not lost(ours, back), (name, lost(ours, back)[:10])
