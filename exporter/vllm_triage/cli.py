@@ -25,6 +25,7 @@ from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_jso
 from .pipeline import judge_at, replay
 from .registry import SourceLoop, build_sources
 from .report import format_report, format_transition
+from .webconfig import load_web_config
 
 SCRAPE_KEYS = (
     "vllm_url",
@@ -269,7 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             watch = ConfigWatch(Path(args.config), partial(_config, args)) if getattr(args, "config", None) else None
-            asyncio.run(serve_forever(config, watch))
+            try:
+                web = load_web_config(config.web_config_file) if config.web_config_file else None
+            except ConfigError as exc:
+                print(f"vllm-triage: {exc}", file=sys.stderr)
+                return 2
+            asyncio.run(serve_forever(config, watch, web))
             return 0
         if args.command == "diagnose":
             return _diagnose(args, config)

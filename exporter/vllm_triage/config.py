@@ -204,6 +204,9 @@ class Config:
         "Close a connection whose request headers are not complete after this long (also the keep-alive idle time).",
         "S",
     )
+    web_config_file: str | None = option(
+        None, _optional(_text), "Web-config file in the exporter-toolkit format: TLS and basic auth on the listener (read at start).", "FILE"
+    )
     scrape_interval_seconds: float = option(2.0, _number(0.1), "How often to scrape vLLM's /metrics.", "S")
     scrape_timeout_seconds: float = option(5.0, _number(0.1), "Give up on a vLLM scrape after this long.", "S")
     connect_timeout_seconds: float = option(2.0, _number(0.1), "Give up connecting to vLLM after this long.", "S")
@@ -356,24 +359,29 @@ def config_schema() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+def read_yaml_mapping(file: str, what: str) -> Mapping[Any, Any]:
+    """A YAML file whose top level is a mapping (an empty file is an empty one), or a ConfigError naming the file."""
+    try:
+        with open(file, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {file} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {file} is not valid YAML: {exc}") from None
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{what} {file}: expected a mapping of keys to values at the top level")
+    return document
+
+
 def load(config_file: str | None = None, env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Config:
     """Merge the sources in order of precedence and validate every value."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     file_conditions: Any = None
     if config_file:
-        try:
-            with open(config_file, encoding="utf-8") as handle:
-                document = yaml.safe_load(handle) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {config_file} is not valid YAML: {exc}") from None
-        if not isinstance(document, Mapping):
-            raise ConfigError(f"config file {config_file}: expected a mapping of keys to values at the top level")
-        for key, value in document.items():
+        for key, value in read_yaml_mapping(config_file, "config file").items():
             if key == "conditions":
                 file_conditions = value
             elif key in OPTIONS_BY_KEY:

@@ -22,6 +22,7 @@ from .model import PROCESS_SOURCE, Reading, Snapshot
 from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources
 from .server import make_app, serve
+from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -258,17 +259,18 @@ def _listener(config: Config) -> tuple[str, int, int, float]:
     return config.listen_host, config.listen_port, config.max_connections, config.http_header_timeout_seconds
 
 
-async def serve_forever(config: Config, watch: ConfigWatch | None = None) -> None:
+async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: WebConfig | None = None) -> None:
     """`serve`: the HTTP listener, and a daemon behind it; a changed config file swaps the daemon (vLLM and
     the pod are untouched, the listener stays up unless its own settings changed)."""
     # A scrape arriving while the pipeline thread computes waits for the GIL: hand it over after
     # 1 ms instead of the default 5 ms.
     sys.setswitchinterval(0.001)
     current = _Current(Daemon(config, watch=watch))
-    app = make_app(current)
-    runner, _ = await serve(app, *_listener(config))
+    app = make_app(current, [web.middleware()] if web is not None and web.users else [])
+    tls = web.ssl_context if web is not None else None
+    runner, _ = await serve(app, *_listener(config), tls)
     host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
-    print(f"vllm-triage serving on http://{host}:{config.listen_port}/", flush=True)
+    print(f"vllm-triage serving on {'https' if tls else 'http'}://{host}:{config.listen_port}/", flush=True)
     stopping = asyncio.Event()
 
     def stop() -> None:
@@ -296,7 +298,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None) -> Non
             running.shutdown()
             if _listener(replacement.config) != _listener(running.config):
                 await runner.cleanup()
-                runner, _ = await serve(app, *_listener(replacement.config))
+                runner, _ = await serve(app, *_listener(replacement.config), tls)
     finally:
         await runner.cleanup()  # before the last pipeline goes: a scrape in flight may still render on it
         current.daemon.shutdown()

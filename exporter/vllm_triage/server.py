@@ -8,7 +8,8 @@ import gzip
 import html
 import json
 import logging
-from collections.abc import Callable
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
@@ -21,6 +22,7 @@ from .report import format_report
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 T = TypeVar("T")
+Middleware = Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]  # what @web.middleware wraps
 
 
 class Outlets(Protocol):
@@ -99,8 +101,8 @@ class CappedTCPSite(web.TCPSite):
     timeout is aiohttp's keepalive_timeout, which also runs from the connection's start until its first
     request is complete (see serve())."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
-        super().__init__(runner, host, port)
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
         self.max_connections = max_connections
         self.open_connections = 0
         self.refused = 0
@@ -117,7 +119,7 @@ class CappedTCPSite(web.TCPSite):
             return _Counted(server(), self)
 
         self._server = await asyncio.get_running_loop().create_server(
-            protocol, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
+            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
         )
 
 
@@ -133,18 +135,20 @@ class _OneLineBadRequests(logging.Filter):
         return True
 
 
-async def serve(app: web.Application, host: str, port: int, max_connections: int, header_timeout_seconds: float) -> tuple[web.AppRunner, CappedTCPSite]:
-    """Start serving `app`; a client must finish each request's headers within `header_timeout_seconds`
-    (also the idle keep-alive time between requests)."""
+async def serve(
+    app: web.Application, host: str, port: int, max_connections: int, header_timeout_seconds: float, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, CappedTCPSite]:
+    """Start serving `app` (over TLS with `ssl_context`); a client must finish each request's headers within
+    `header_timeout_seconds` (also the idle keep-alive time between requests)."""
     logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=header_timeout_seconds)
     await runner.setup()
-    site = CappedTCPSite(runner, host, port, max_connections)
+    site = CappedTCPSite(runner, host, port, max_connections, ssl_context)
     await site.start()
     return runner, site
 
 
-def make_app(outlets: Outlets) -> web.Application:
+def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Application:
     gzipped = {openmetrics: _LastResult[bytes](partial(gzip.compress, compresslevel=1)) for openmetrics in (False, True)}
     report_of = _LastResult[Snapshot](lambda snapshot: format_report(snapshot, outlets.target).encode())
     diagnosis_of = _LastResult[Snapshot](diagnosis_json)  # on request: most ticks are never asked for
@@ -183,7 +187,7 @@ def make_app(outlets: Outlets) -> web.Application:
     async def index(_: web.Request) -> web.StreamResponse:
         return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]  # aiohttp's own alias is looser
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -1,0 +1,141 @@
+"""TLS and basic auth on the sidecar's listener, from a web-config file in the Prometheus exporter-toolkit
+format (the file node_exporter, dcgm-exporter's peers and Prometheus itself take with --web.config.file),
+so one file serves every exporter of a cluster:
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to the file
+      key_file: server.key
+      client_auth_type: NoClientCert # or RequireAndVerifyClientCert (with client_ca_file), ...
+      client_ca_file: ca.crt
+      min_version: TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...         # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\\n')
+
+/healthz stays open (a probe needs no secret and it tells nothing); every other path asks for a user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+from aiohttp import web
+
+from .config import ConfigError, read_yaml_mapping
+
+TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+OPEN_PATHS = ("/healthz",)
+
+
+@dataclass
+class WebConfig:
+    ssl_context: ssl.SSLContext | None
+    users: dict[str, bytes]  # name -> bcrypt hash
+    _verified: set[tuple[str, bytes]] = field(default_factory=set)  # bcrypt costs ~50 ms: a scrape every 15 s would pay it each time
+
+    async def allows(self, header: str | None) -> bool:
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        key = (user, hashlib.sha256(password.encode()).digest())
+        if key in self._verified:
+            return True
+        if await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed):
+            self._verified.add(key)
+            return True
+        return False
+
+    def middleware(self) -> Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]:
+        @web.middleware
+        async def basic_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+            if request.path in OPEN_PATHS or await self.allows(request.headers.get("Authorization")):
+                return await handler(request)
+            return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="vllm-triage"'})
+
+        return basic_auth
+
+
+def _bad(path: Path, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"web config {path}: {key}: {problem}")
+
+
+def load_web_config(file: str) -> WebConfig:
+    path = Path(file)
+    document = read_yaml_mapping(file, "web config file")
+    unknown = sorted(set(document) - {"tls_server_config", "basic_auth_users"})
+    if unknown:
+        raise _bad(path, unknown[0], "not supported here (tls_server_config and basic_auth_users are)")
+    return WebConfig(_tls(path, document.get("tls_server_config")), _users(path, document.get("basic_auth_users")))
+
+
+def _tls(path: Path, raw: Any) -> ssl.SSLContext | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _bad(path, "tls_server_config", "expected a mapping")
+    unknown = sorted(set(raw) - set(TLS_KEYS))
+    if unknown:
+        raise _bad(path, f"tls_server_config.{unknown[0]}", f"not supported here (supported: {', '.join(TLS_KEYS)})")
+    for required in ("cert_file", "key_file"):
+        if not raw.get(required):
+            raise _bad(path, f"tls_server_config.{required}", "required")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert, key = (path.parent / str(raw["cert_file"]), path.parent / str(raw["key_file"]))
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as error:
+        raise _bad(path, "tls_server_config.cert_file/key_file", f"cannot load {cert} with {key}: {error}") from None
+    mode = str(raw.get("client_auth_type", "NoClientCert"))
+    if mode not in CLIENT_AUTH:
+        raise _bad(path, "tls_server_config.client_auth_type", f"{mode!r}; expected one of {', '.join(CLIENT_AUTH)}")
+    context.verify_mode = CLIENT_AUTH[mode]
+    if raw.get("client_ca_file"):
+        try:
+            context.load_verify_locations(path.parent / str(raw["client_ca_file"]))
+        except (OSError, ssl.SSLError) as error:
+            raise _bad(path, "tls_server_config.client_ca_file", str(error)) from None
+    elif mode in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
+        raise _bad(path, "tls_server_config.client_ca_file", f"required with client_auth_type {mode}")
+    for version_key, attribute in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
+        if version_key in raw:
+            if raw[version_key] not in VERSIONS:
+                raise _bad(path, f"tls_server_config.{version_key}", f"{raw[version_key]!r}; expected one of {', '.join(VERSIONS)}")
+            setattr(context, attribute, VERSIONS[raw[version_key]])
+    return context
+
+
+def _users(path: Path, raw: Any) -> dict[str, bytes]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _bad(path, "basic_auth_users", "expected a mapping of user name to bcrypt hash")
+    users = {}
+    for user, hashed in raw.items():
+        text = str(hashed)
+        if not text.startswith(("$2a$", "$2b$", "$2y$")):
+            raise _bad(path, f"basic_auth_users.{user}", "expected a bcrypt hash ($2y$..., e.g. from htpasswd -nB), never a plain password")
+        users[str(user)] = text.encode()
+    return users

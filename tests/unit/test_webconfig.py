@@ -1,0 +1,101 @@
+"""TLS and basic auth on the listener from an exporter-toolkit web-config file, against a real sidecar
+process, a certificate made with openssl and a bcrypt hash."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from tests.support.components import BIN, start_sidecar
+from tests.support.vllm_server import free_port
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+
+
+def certificate(folder: Path) -> Path:
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(folder / "server.key"), "-out", str(folder / "server.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return folder / "server.crt"
+
+
+def fetch(url: str, ca: Path, user: str | None = None, password: str = "") -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context(cafile=str(ca))) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
+    ca = certificate(tmp_path)
+    tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS12\n"
+    (tmp_path / "web.yml").write_text(f"{tls}basic_auth_users:\n  prometheus: '{HASH}'\n")
+    # start_sidecar waits on plain-HTTP /readyz: it would never see it; started by hand
+    (tmp_path / "sidecar.yaml").write_text(f"web_config_file: {tmp_path / 'web.yml'}\n")
+    port = free_port()
+    command = [str(BIN / "vllm-triage"), "serve", "--demo", "--config", str(tmp_path / "sidecar.yaml"), "--listen", f"127.0.0.1:{port}"]
+    process = subprocess.Popen(command, stdout=open(tmp_path / "sidecar.log", "wb"), stderr=subprocess.STDOUT)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if fetch(url + "/healthz", ca)[0] == 200:  # open without credentials: a probe needs no secret
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
+                time.sleep(0.3)
+        assert fetch(url + "/metrics", ca)[0] == 401
+        assert fetch(url + "/metrics", ca, "prometheus", "wrong")[0] == 401
+        assert fetch(url + "/diagnosis", ca, "someone", "s3cret")[0] == 401
+        status, body = fetch(url + "/metrics", ca, "prometheus", "s3cret")
+        assert status == 200 and b"vllm_triage_build_info" in body
+        with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    ("web", "names"),
+    [
+        ("tls_server_config:\n  cert_file: server.crt\n", "tls_server_config.key_file"),
+        ("tls_server_config:\n  cert_file: nowhere.crt\n  key_file: nowhere.key\n", "cannot load"),
+        ("basic_auth_users:\n  prometheus: plaintext\n", "basic_auth_users.prometheus"),
+        ("http_server_config:\n  http2: true\n", "http_server_config"),
+        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n", "client_ca_file"),
+    ],
+)
+def test_a_wrong_web_config_stops_startup_naming_the_key(tmp_path, web, names):
+    certificate(tmp_path)
+    (tmp_path / "web.yml").write_text(web)
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_triage.cli", "serve", "--demo", "--web-config-file", str(tmp_path / "web.yml"), "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and names in result.stderr, result.stderr
+
+
+def test_without_a_web_config_the_sidecar_still_serves_plain_http(tmp_path):
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "", "--demo")
+    try:
+        assert b"vllm_triage_build_info" in urllib.request.urlopen(sidecar.url + "/metrics", timeout=10).read()
+    finally:
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=30)
