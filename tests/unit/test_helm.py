@@ -290,6 +290,31 @@ def shipped_dashboards(objects: list[dict]) -> dict[str, dict]:
     return {key: json.loads(text) for m in maps for key, text in m["data"].items()}
 
 
+def test_tls_basic_auth_and_a_network_policy_that_admits_only_prometheus(tmp_path):
+    values = {
+        "triage": {"webConfig": {"secretName": "triage-web", "tls": True}},
+        "monitoring": {"triageEndpoint": {"scheme": "https", "tlsConfig": {"ca": {"secret": {"name": "triage-web", "key": "ca.crt"}}}}},
+        "networkPolicy": {"enabled": True, "prometheusNamespace": "observability"},
+    }
+    objects = render(values)
+    for manifest in objects:
+        if not manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+    deployment = one(objects, "Deployment")
+    sidecar = containers(deployment)["vllm-triage"]
+    assert sidecar_config(sidecar, objects, tmp_path).web_config_file == "/etc/vllm-triage-web/web.yml"
+    assert {"name": "vllm-triage-web", "mountPath": "/etc/vllm-triage-web", "readOnly": True} in sidecar["volumeMounts"]
+    assert {"name": "vllm-triage-web", "secret": {"secretName": "triage-web"}} in deployment["spec"]["template"]["spec"]["volumes"]
+    assert sidecar["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    endpoints = {e["port"]: e for e in one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]}
+    assert endpoints["triage"]["scheme"] == "https" and "scheme" not in endpoints["http"]
+    ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    by_port = {rule["ports"][0]["port"]: rule for rule in ingress}
+    assert by_port["triage"]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+    assert "from" not in by_port["http"]  # vLLM's clients are not cut off
+    assert not [o for o in render({}) if o["kind"] == "NetworkPolicy"]
+
+
 def test_dashboards_ship_as_configmaps_grafana_picks_up_under_this_releases_uids():
     """The generated dashboards, each under a uid, title and file name of its own release."""
     shipped = shipped_dashboards(render(ci_values("default")))

@@ -74,6 +74,9 @@ Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMon
     - action: replace
       targetLabel: job
       replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . "http") }}
+  {{- if and (eq . "triage") $.root.Values.monitoring.triageEndpoint }}
+  {{- toYaml $.root.Values.monitoring.triageEndpoint | nindent 2 }}
+  {{- end }}
 {{- end }}
 {{- end }}
 

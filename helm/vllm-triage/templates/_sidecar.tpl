@@ -54,6 +54,9 @@ shareProcessNamespace: true.
     {{- if $triage.config }}
     - --config=/etc/vllm-triage/config.yaml
     {{- end }}
+    {{- if $triage.webConfig.secretName }}
+    - --web-config-file=/etc/vllm-triage-web/web.yml
+    {{- end }}
   ports:
     - name: triage
       containerPort: {{ $port }}
@@ -70,13 +73,13 @@ shareProcessNamespace: true.
     {{- toYaml . | nindent 4 }}
     {{- end }}
   livenessProbe:
-    httpGet: {path: /healthz, port: triage}
+    httpGet: {path: /healthz, port: triage{{ if $triage.webConfig.tls }}, scheme: HTTPS{{ end }}}
     initialDelaySeconds: 10
     periodSeconds: 15
     timeoutSeconds: 3
   {{- if .standalone }}
   readinessProbe:
-    httpGet: {path: /readyz, port: triage}
+    httpGet: {path: /readyz, port: triage{{ if $triage.webConfig.tls }}, scheme: HTTPS{{ end }}}
     periodSeconds: 10
     timeoutSeconds: 3
   {{- end }}
@@ -111,6 +114,11 @@ shareProcessNamespace: true.
       mountPath: {{ dir . }}
       readOnly: true
     {{- end }}
+    {{- if $triage.webConfig.secretName }}
+    - name: vllm-triage-web
+      mountPath: /etc/vllm-triage-web
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* The sidecar's volumes: a writable /tmp (py-spy's output) and, with triage.config, its config file. */}}
@@ -128,5 +136,10 @@ shareProcessNamespace: true.
 - name: vllm-triage-config
   configMap:
     name: {{ .configMap }}
+{{- end }}
+{{- with .values.triage.webConfig.secretName }}
+- name: vllm-triage-web
+  secret:
+    secretName: {{ . }}
 {{- end }}
 {{- end }}
