@@ -4,17 +4,20 @@ place of python:3.12-slim), the image built from the repository's Dockerfile and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.support import vllm_server
 from tests.support.components import REPO, get
-from tests.support.vllm_server import free_port
 
 pytestmark = pytest.mark.integration
 BASE = "vllm-triage-test-base:bookworm"
@@ -76,7 +79,7 @@ def image(docker: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> s
 
 
 def test_the_image_serves_as_uid_10001_on_a_read_only_root_and_reports_without_curl(docker, image):
-    port = free_port()
+    port = vllm_server.free_port()
     run(docker, "run", "-d", "--name", "sidecar", "--read-only", "--tmpfs", "/tmp", "-p", f"127.0.0.1:{port}:10290", image, "serve", "--demo")
     try:
         deadline = time.monotonic() + 60
@@ -111,3 +114,83 @@ def test_py_spy_samples_a_process_in_a_shared_pid_namespace_only_with_sys_ptrace
         assert refused.returncode != 0 and "operation not permitted" in (refused.stdout + refused.stderr).lower()
     finally:
         run(docker, "rm", "-f", "target", check=False)
+
+
+# The compose stack with images made here: vLLM's CPU build from the venv `make vllm-env` made (mounted
+# into the local Debian base, the same release as this machine), Prometheus from Debian's package, the
+# sidecar's image; Grafana (no image can be had here) stays in its profile and is not started.
+PROMETHEUS_IMAGE = "vllm-triage-test-prometheus:bookworm"
+VLLM_RUNTIME_IMAGE = "vllm-triage-test-vllm-runtime:bookworm"  # the base and libnuma, which vLLM's CPU kernels link
+
+
+def compose_override(folder: Path) -> Path:
+    python, model = vllm_server.paths()
+    venv = python.parent.parent
+    home = Path(Path(venv / "pyvenv.cfg").read_text().split("home = ")[1].split("\n")[0]).parent  # the Python the venv was made with
+    override = {
+        "services": {
+            "vllm": {
+                "image": VLLM_RUNTIME_IMAGE,
+                "entrypoint": [str(python), "-m", "vllm.entrypoints.openai.api_server"],
+                "command": ["--model=/models/tiny", "--served-model-name=tiny", "--host=0.0.0.0", "--port=8000", "--max-model-len=1024", "--enforce-eager"],
+                "volumes": [f"{venv}:{venv}:ro", f"{home}:{home}:ro", f"{model}:/models/tiny:ro"],
+                "environment": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+                "healthcheck": {"start_period": "300s"},
+            },
+            "vllm-triage": {"image": IMAGE},
+            "prometheus": {"image": PROMETHEUS_IMAGE, "entrypoint": ["/usr/bin/prometheus"]},
+        }
+    }
+    path = folder / "docker-compose.test.yml"
+    path.write_text(yaml.safe_dump(override))
+    return path
+
+
+def test_the_compose_stack_comes_up_and_prometheus_scrapes_both_jobs_with_the_rules(docker, image, tmp_path):
+    if not shutil.which("docker-compose"):
+        pytest.skip("no docker-compose here (make compose-tools installs Debian's)")
+    for name, package in ((PROMETHEUS_IMAGE, "prometheus"), (VLLM_RUNTIME_IMAGE, "libnuma1")):
+        recipe = tmp_path / package
+        recipe.mkdir()
+        install = f"apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {package} && rm -rf /var/lib/apt/lists/*"
+        (recipe / "Dockerfile").write_text(f"FROM {BASE}\nRUN {install}\n")
+        run(docker, "build", "--quiet", "-t", name, str(recipe))
+    files = ["-f", str(REPO / "docker-compose.yml"), "-f", str(REPO / "docker-compose.cpu.yml"), "-f", str(compose_override(tmp_path))]
+    compose = ["docker-compose", "--project-name", "vllmtriagetest", "--project-directory", str(REPO), *files]
+    env = {**docker, "COMPOSE_HTTP_TIMEOUT": "300"}
+    up = subprocess.run([*compose, "up", "-d", "vllm", "vllm-triage", "prometheus"], env=env, capture_output=True, text=True, timeout=600)
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        ports = subprocess.run([*compose, "port", "prometheus", "9090"], env=env, capture_output=True, text=True).stdout.strip()
+        prometheus = f"http://127.0.0.1:{ports.rsplit(':', 1)[1]}"
+        deadline = time.monotonic() + 420
+        health: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                targets = json.loads(get(prometheus + "/api/v1/targets", timeout=5)[1])["data"]["activeTargets"]
+                health = {t["labels"]["job"]: t["health"] for t in targets}
+            except (OSError, ValueError, KeyError):
+                health = {}
+            if health.get("vllm") == "up" and health.get("vllm-triage") == "up":
+                break
+            if run(docker, "inspect", "-f", "{{.State.Running}}", "vllmtriagetest_vllm_1", check=False).stdout.strip() != "true":
+                break  # vLLM exited: its log below says why
+            time.sleep(5)
+        logs = subprocess.run([*compose, "logs", "--tail=30"], env=env, capture_output=True, text=True).stdout[-4000:]
+        assert health.get("vllm") == "up" and health.get("vllm-triage") == "up", f"{health}\n{logs}"
+        groups = json.loads(get(prometheus + "/api/v1/rules", timeout=5)[1])["data"]["groups"]
+        alerts = {rule["name"] for group in groups for rule in group["rules"] if rule["type"] == "alerting"}
+        assert {"VllmTriageKvCacheSaturated", "VllmTargetDown", "VllmTriageDown"} <= alerts
+        # the sidecar sees vLLM's processes through the shared PID namespace (pid: service:vllm)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            query = urllib.parse.quote('vllm_triage_source_up{source="process"}')
+            result = json.loads(get(f"{prometheus}/api/v1/query?query={query}", timeout=5)[1])["data"]["result"]
+            if result and result[0]["value"][1] == "1":
+                break
+            time.sleep(5)
+        assert result and result[0]["value"][1] == "1", result
+        running = run(docker, "ps", "--format", "{{.Names}}").stdout.split()
+        assert "vllmtriagetest_vllm_1" in running and not [name for name in running if "grafana" in name]  # its profile is off
+    finally:
+        subprocess.run([*compose, "down", "--volumes", "--timeout", "20"], env=env, capture_output=True, timeout=300)
