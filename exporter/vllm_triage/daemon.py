@@ -118,9 +118,9 @@ class Daemon:
                 pass
 
     async def _check_config(self) -> None:
-        """A changed config file is loaded: a valid one ends run() so that serve starts again with it (only
-        the sidecar's loops restart: vLLM and the pod are untouched; the windows start empty); an invalid
-        one is reported and the running configuration kept."""
+        """A changed config file is loaded: a valid one ends run() so that serve_forever continues with a
+        daemon made from it (vLLM and the pod are untouched; the readings are taken over); an invalid one
+        is reported and the running configuration kept."""
         assert self.watch is not None
         content = _read(self.watch.path)
         if content == self._watched:
@@ -134,7 +134,7 @@ class Daemon:
             return
         self.exposition.collector.config_reload_successful = True
         if config != self.config:
-            log.warning("config file %s changed: starting again with it (vLLM is not touched; windows start empty)", self.watch.path)
+            log.warning("config file %s changed: continuing with it (vLLM is not touched; the windows are kept)", self.watch.path)
             self.reloaded = config
             self._stop.set()
 
@@ -222,6 +222,7 @@ class Daemon:
     def take_over(self, before: Daemon) -> None:
         """Continue from the daemon a reload replaces: its readings of the sources still on (the windows
         stay full) and its last snapshot, served until this one's first evaluation."""
+        self._watched = before._watched  # the content this config came from: a newer change is still seen
         if not self.config.demo and not before.config.demo:
             self.pipeline.store.take_history(before.pipeline.store, self.config.sources)
         if before.snapshot is not None:
@@ -283,11 +284,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
     try:
         while True:
             running = current.daemon
-            try:
-                await running.run()
-            except BaseException:
-                running.shutdown()
-                raise
+            await running.run()
             if stopping.is_set() or running.reloaded is None:
                 log.info("shutting down")
                 break

@@ -136,8 +136,8 @@ class ProcessSource:
         if set(titled) != self._titled or not self._bound_to_listener:
             # Binding reads every process' sockets (psutil.net_connections): only when vLLM's processes changed,
             # or while the server was not yet found listening on its port.
-            self._members, self.binding = self._bind(titled)
-            self._titled, self._bound_to_listener = set(titled), self.binding.startswith("the process listening")
+            self._members, self.binding, self._bound_to_listener = self._bind(titled)
+            self._titled = set(titled)
         members = self._members
         known = {t.process.pid: t for t in self._tracked}
         tracked = []
@@ -158,25 +158,27 @@ class ProcessSource:
             log.info("process source: %d vLLM process(es) watched (%s)%s", len(tracked), self.binding, ignored)
             self._last_count = (len(tracked), self.ignored)
 
-    def _bind(self, titled: dict[int, tuple[str, psutil.Process, list[str]]]) -> tuple[set[int], str]:
-        """The pids of the vLLM server the sidecar scrapes, and how they were found: the process
-        listening on the scraped port and its descendants (engine cores, workers, data-parallel
-        engines); else the API server whose --port is that port and its descendants (its socket is in
-        another network namespace); else every vLLM-titled process, said to be an assumption."""
+    def _bind(self, titled: dict[int, tuple[str, psutil.Process, list[str]]]) -> tuple[set[int], str, bool]:
+        """The pids of the vLLM server the sidecar scrapes, how they were found, and whether by its listening
+        socket: the process listening on the scraped port and its descendants (engine cores, workers,
+        data-parallel engines); else the API server whose --port is that port and its descendants (its socket
+        in another network namespace); else every vLLM-titled process, said to be an assumption."""
         if not titled:
-            return set(), "no vLLM process visible (no shared process namespace?)"
+            return set(), "no vLLM process visible (no shared process namespace?)", False
         if self.port:
             listeners = _listening_pids(self.port)
             roots = {pid for pid in listeners if _parent_pid(pid) not in listeners}
             if roots:
                 members = _with_descendants(roots)
                 if members & set(titled):
-                    return members, f"the process listening on port {self.port} (pid {', '.join(map(str, sorted(roots)))}) and its descendants"
+                    return members, f"the process listening on port {self.port} (pid {', '.join(map(str, sorted(roots)))}) and its descendants", True
             flagged = [pid for pid, (role, _, cmdline) in titled.items() if role == "api_server" and parse_vllm_args(cmdline).get("port", 8000) == self.port]
             if len(flagged) == 1:
-                return _with_descendants(set(flagged)), (
+                return (
+                    _with_descendants(set(flagged)),
                     f"the API server started with --port {self.port} (pid {flagged[0]}) and its descendants "
-                    "(no listening socket on that port is visible: another network namespace?)"
+                    "(no listening socket on that port is visible: another network namespace?)",
+                    False,
                 )
         # An API server started for another port is another server: it and its descendants are not ours.
         foreign = _with_descendants(
@@ -186,9 +188,11 @@ class ProcessSource:
                 if role == "api_server" and self.port and parse_vllm_args(cmdline).get("port", 8000) != self.port
             }
         )
-        return set(titled) - foreign, (
+        return (
+            set(titled) - foreign,
             f"every vLLM-titled process not started for another port: none listens on port {self.port} here and no single "
-            f"API server has --port {self.port}; assumed to be one server (set vllm_url to the port vLLM listens on)"
+            f"API server has --port {self.port}; assumed to be one server (set vllm_url to the port vLLM listens on)",
+            False,
         )
 
     def collect(self) -> Reading:
