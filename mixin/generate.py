@@ -40,6 +40,8 @@ def conditions_markdown() -> str:
         lines.append(f"| [`{c.id}`](#{c.id}) | {c.layer} | {c.severity} | {_duration(c.for_seconds)} / {_duration(c.clear_seconds)} | {c.summary} |")
     for c in CONDITIONS:
         lines += ["", f"## {c.id}", "", f"{c.summary} (layer {c.layer}, {c.severity}).", "", c.meaning, ""]
+        if c.window_seconds:
+            lines += [f"Its window is {_duration(c.window_seconds)} unless set for it (`window_seconds` does not shorten it).", ""]
         if c.thresholds:
             lines.append("| threshold | default | meaning |")
             lines.append("|---|---|---|")

@@ -257,6 +257,12 @@ class Config:
     gil_window_seconds: float = option(3.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
     gil_nonblocking: bool = option(False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL")
+    engine_liveness_endpoint: bool = option(
+        False,
+        _boolean,
+        "Serve /engine-liveness: 503 while engine_wedged is active, else 200; for a liveness probe on vLLM's container (off: 404).",
+        "BOOL",
+    )
     process_title_prefix: str = option("VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")
     demo: bool = option(False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL")
     demo_capture: str | None = option(None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -18,10 +19,11 @@ from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
 from .exposition import Exposition
-from .model import PROCESS_SOURCE, Reading, Snapshot
+from .model import GIL_SOURCE, PROCESS_SOURCE, Reading, Snapshot
 from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources
 from .server import make_app, serve
+from .sources.gil import dump_stacks
 from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,9 @@ class Daemon:
         # tick take it in turn, so no locks, and the event loop stays free to answer /metrics while a
         # tick over many engines takes a second (the handlers read bytes prepared here).
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline")
+        self.stack_dumps: tuple[dict[str, object], ...] = ()  # the last stack dump of a wedged engine, shown in /diagnosis
+        self._dumped_for: float | None = None  # the activation (its `since`) the last dump was taken for
+        self._dumping: asyncio.Task[None] | None = None
 
     # --- outlets (read by server.py) ---
     async def metrics_body(self, openmetrics: bool) -> bytes:
@@ -86,8 +91,14 @@ class Daemon:
     def ingest(self, reading: Reading) -> None:
         self.pipeline.feed(reading)
 
+    @property
+    def engine_liveness_endpoint(self) -> bool:
+        return self.config.engine_liveness_endpoint
+
     def tick(self) -> Snapshot:
         snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock())
+        if self.stack_dumps:
+            snapshot = dataclasses.replace(snapshot, stack_dumps=self.stack_dumps)
         CPU.run("render", self.exposition.update, snapshot, time.monotonic())
         if self.snapshot is None:
             log.info("first evaluation done: ready")
@@ -164,6 +175,33 @@ class Daemon:
                 log.info("evaluation recovered")
             self.evaluation_error = None
 
+    async def _tick(self) -> None:
+        await self._in_pipeline(self._tick_if_fed)
+        self._dump_if_wedged()
+
+    def _dump_if_wedged(self) -> None:
+        """Once per activation of engine_wedged, take the engine core's Python stacks (py-spy dump): the
+        page then says where it is stuck. Only where py-spy may run (the gil source is on) and vLLM is live."""
+        if self.config.demo or GIL_SOURCE not in self.config.sources or self.snapshot is None:
+            return
+        wedged = next((v for v in self.snapshot.verdicts if v.condition == "engine_wedged" and v.active), None)
+        if wedged is None or wedged.since == self._dumped_for or (self._dumping is not None and not self._dumping.done()):
+            return
+        self._dumped_for = wedged.since
+        processes = self.pipeline.store.latest(PROCESS_SOURCE)
+        cores = [p for p in (processes.meta.get("processes", []) if processes else []) if p.get("role") == "engine_core"]
+        if not cores:
+            self.stack_dumps = ({"condition": "engine_wedged", "error": "no engine core process is visible (is the process namespace shared?)"},)
+            return
+        self._dumping = asyncio.create_task(self._dump(cores[0]))
+
+    async def _dump(self, process: dict[str, object]) -> None:
+        pid = int(str(process["pid"]))
+        taken_at = self.clock()
+        result = await dump_stacks(pid)
+        self.stack_dumps = ({"condition": "engine_wedged", "role": "engine_core", "pid": pid, "status": process.get("status"), "taken_at": taken_at, **result},)
+        log.warning("engine_wedged: stacks of the engine core (pid %d): %s", pid, result.get("stacks", result.get("error", ""))[:2000])
+
     async def _demo_loop(self) -> None:
         """Replay a capture at real speed onto the wall clock, looping forever."""
         readings = self.demo_readings
@@ -204,12 +242,14 @@ class Daemon:
                     await self._ingest(await loop_.collect())
 
                 tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
-        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", partial(self._in_pipeline, self._tick_if_fed))))
+        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", self._tick)))
         if self.watch is not None:
             tasks.append(asyncio.create_task(self._every(CONFIG_CHECK_SECONDS, "config", self._check_config)))
         try:
             await self._stop.wait()
         finally:
+            if self._dumping is not None:
+                tasks.append(self._dumping)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -251,6 +291,10 @@ class _Current:
     @property
     def target(self) -> str:
         return self.daemon.target
+
+    @property
+    def engine_liveness_endpoint(self) -> bool:
+        return self.daemon.engine_liveness_endpoint
 
     async def metrics_body(self, openmetrics: bool) -> bytes:
         return await self.daemon.metrics_body(openmetrics)

@@ -40,15 +40,15 @@ class Derived:
         window = max(window, spec.lookback_seconds)
         if (source, window) not in self._cache:
             view = signals_window(self.store, source, self.now, window)
-            max_num_seqs = self.discovery.max_num_seqs
+            facts = self.discovery.facts()
             # vLLM engines and GPUs are judged one by one; host signals are per role already.
             per_role = spec.scope_kind == "host"
             scopes = view.scopes() if not per_role else []
-            per_scope = {scope: compute_signals(view, scope, max_num_seqs, spec.signals) for scope in scopes}
+            per_scope = {scope: compute_signals(view, scope, facts, spec.signals) for scope in scopes}
             if len(scopes) == 1 and view.covers_everything(scopes[0]):
                 per_scope[AGGREGATE_SCOPE] = per_scope[scopes[0]]
             elif per_scope or (per_role and view.frames):
-                per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, max_num_seqs, spec.signals)
+                per_scope[AGGREGATE_SCOPE] = compute_signals(view, AGGREGATE_SCOPE, facts, spec.signals)
             self._cache[(source, window)] = per_scope
         return self._cache[(source, window)]
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .hardware import GpuPeak, gpu_peak
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .signals.window import ServerFacts
 from .store import Store
 
 
@@ -45,6 +47,11 @@ class Discovery:
     hot_functions: tuple[tuple[str, str, str, float], ...] = ()  # (role, function, file, share) from py-spy
     process_binding: str | None = None  # how the watched processes were tied to the scraped server
     ignored_processes: int = 0  # vLLM-titled processes of other servers
+    gpu_peak: GpuPeak | None = None  # the watched GPUs' model's peaks (the slowest, were they mixed)
+
+    def facts(self) -> ServerFacts:
+        peak = self.gpu_peak
+        return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None)
 
     def host_notes(self) -> list[str]:
         """The busiest thread of each engine core / API server, then the functions holding the GIL."""
@@ -77,6 +84,7 @@ class Discovery:
             "ignored_processes": self.ignored_processes,
             "gpus": list(self.gpus),
             "gpu_selection": self.gpu_selection,
+            "gpu_peak": None if self.gpu_peak is None else vars(self.gpu_peak),
         }
 
 
@@ -116,4 +124,6 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     )
     binding = process.meta.get("binding") if process is not None else None
     ignored = int(process.meta.get("ignored_processes", 0)) if process is not None else 0
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored)
+    known = [p for g in gpus if (p := gpu_peak(g.get("name"))) is not None]
+    peak = min(known, key=lambda p: p.bf16_flops_per_second) if known and len(known) == len(gpus) else None
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak)

@@ -26,6 +26,7 @@ LATEST_HELP = {
     "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
     "process_resident_memory_bytes": "Resident memory of a vLLM process.",
     "process_threads": "Threads of a vLLM process.",
+    "process_stopped": "1 when a vLLM process can run no code: stopped by a signal (SIGSTOP, a debugger) or a zombie.",
     "process_busiest_thread_cpu_ratio": "The process's busiest thread since the previous sample, share of one core (1.0 = saturated).",
     "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
     "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",

@@ -258,6 +258,8 @@ class Snapshot:
     discovery: dict[str, Any] = field(default_factory=dict)
     primary: str | None = None  # the verdict the report leads with (see diagnosis.engine.rank)
     latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
+    # Python stacks taken when a condition that asks for them became active (engine_wedged): where it is stuck
+    stack_dumps: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = json_safe(
@@ -271,6 +273,7 @@ class Snapshot:
                 "signals": self.signals,
                 "discovery": self.discovery,
                 "gpus": _gpus_json(self.latest.get(GPU_SOURCE, {})),
+                "stack_dumps": list(self.stack_dumps),
             }
         )
         return record

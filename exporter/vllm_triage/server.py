@@ -1,4 +1,4 @@
-"""HTTP outlets: /, /metrics, /healthz, /readyz, /diagnosis, /report. Handlers read bytes prepared once
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /engine-liveness, /diagnosis, /report. Handlers read bytes prepared once
 per snapshot (the text report, and a /metrics format nobody asked for before, on first request)."""
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class Outlets(Protocol):
 
     @property
     def target(self) -> str: ...
+
+    @property
+    def engine_liveness_endpoint(self) -> bool: ...
 
     async def metrics_body(self, openmetrics: bool) -> bytes: ...
 
@@ -172,6 +175,18 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
             return web.Response(status=503, text="starting: no evaluation yet\n")
         return web.Response(text="ready\n")
 
+    async def engine_liveness(_: web.Request) -> web.StreamResponse:
+        # For a liveness probe on vLLM's container: only a judged engine_wedged fails it (a sidecar starting,
+        # or a vLLM it cannot reach, never restarts vLLM: vLLM's own /health covers a dead server).
+        if not outlets.engine_liveness_endpoint:
+            return web.Response(status=404, text="off: set engine_liveness_endpoint: true in the sidecar's config\n")
+        snapshot = outlets.snapshot
+        wedged = next((v for v in snapshot.verdicts if v.condition == "engine_wedged" and v.active), None) if snapshot else None
+        if wedged is not None:
+            said = "; ".join(e.text for e in wedged.evidence if e.holds or e.signal == "host_engine_core_stopped")
+            return web.Response(status=503, text=f"engine_wedged (cause {wedged.cause}): {said}\n")
+        return web.Response(text="ok\n")
+
     async def diagnosis(_: web.Request) -> web.StreamResponse:
         if outlets.snapshot is None:
             body = json.dumps({"status": "starting", "detail": "no evaluation yet"}).encode()
@@ -192,6 +207,7 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/engine-liveness", engine_liveness)
     app.router.add_get("/diagnosis", diagnosis)
     app.router.add_get("/report", report)
     return app
@@ -212,6 +228,7 @@ def landing_page(snapshot: Snapshot | None) -> str:
 <li><a href="diagnosis">/diagnosis</a> every condition with state, evidence and next actions (JSON)</li>
 <li><a href="report">/report</a> the same as a report to read (what <code>vllm-triage diagnose</code> prints)</li>
 <li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
+<li><a href="engine-liveness">/engine-liveness</a> 503 while vLLM's engine is hung (engine_wedged; opt-in: engine_liveness_endpoint)</li>
 </ul>{status}
 <table border="1" cellpadding="4"><tr><th>condition</th><th>state</th><th>severity</th><th>summary</th></tr>{rows}</table>
 </body></html>

@@ -11,7 +11,7 @@ so one file serves every exporter of a cluster:
     basic_auth_users:
       prometheus: $2y$10$...         # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\\n')
 
-/healthz stays open (a probe needs no secret and it tells nothing); every other path asks for a user.
+/healthz and /engine-liveness stay open (a probe brings no secret; they tell little); every other path asks for a user.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-OPEN_PATHS = ("/healthz",)
+OPEN_PATHS = ("/healthz", "/engine-liveness")  # probes: the kubelet brings no password
 
 
 @dataclass

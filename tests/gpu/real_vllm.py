@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ class Scenario:
     phases: tuple[Phase, ...]
     truth: str  # what each phase must show, written before the run
     profile_at: tuple[tuple[str, float], ...] = ()  # (phase, seconds into it): a PROFILE_SECONDS torch profile
+    stop_engine: tuple[str, float, float] | None = None  # (phase, seconds into it, for how long): SIGSTOP the engine core
 
 
 PROFILE_DIR = Path("/tmp/vllm-profile")  # vLLM's torch_profiler_dir; each profile is moved to OUT_DIR/traces/<phase>
@@ -93,6 +95,25 @@ SCENARIOS = {
         "between steps (the host's pace, not the GPU's). kv_saturation (profile at 120 s): the sidecar says "
         "kv_cache_saturated; the trace shows the GPU busier than in underload, no GPU-side verdict.",
         profile_at=(("underload", 170.0), ("kv_saturation", 120.0)),
+    ),
+    # vLLM's own FLOPs and bytes estimates (--enable-mfu-metrics) against the H200's peaks, then a hung engine:
+    # the engine core stopped with SIGSTOP while 8 requests are in flight, and continued.
+    "efficiency_wedge": Scenario(
+        "1b",
+        ("--max-num-seqs", "256", "--enable-mfu-metrics"),
+        (
+            Phase("idle", 10),
+            Phase("prefill_heavy", 60, 32, 900, 1),
+            Phase("decode_heavy", 60, 128, 16, 400),
+            Phase("wedged", 75, 8, 40, 900),
+            Phase("recovery", 30),
+        ),
+        "prefill_heavy: model FLOPs utilization well above decode's, under the compute roof (roofline_memory_bound 0). "
+        "decode_heavy: under the memory roof (roofline_memory_bound 1), model bandwidth utilization above prefill's. "
+        "wedged (engine core stopped 15-50 s into the phase): engine_wedged with cause process_stopped within 30 s of the "
+        "stop, primary, the GPU idle in its evidence; it clears within 5 s of SIGCONT; no gpu_starved, client_underload or "
+        "queue_backlog during the stop. idle and recovery: nothing.",
+        stop_engine=("wedged", 15.0, 35.0),
     ),
 }
 
@@ -174,6 +195,26 @@ async def take_profile(after: float, target: Path, profiles: list[tuple[str, flo
     print(f"  profiled {target.name}: {sorted(p.name for p in target.iterdir())}", flush=True)
 
 
+def engine_core_pid() -> int:
+    import psutil
+
+    return next(p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith("VLLM::EngineCore"))
+
+
+async def stop_engine(after: float, seconds: float, marks: list[tuple[str, float]]) -> None:
+    """SIGSTOP the engine core `after` seconds from now, SIGCONT it `seconds` later (the API server keeps answering)."""
+    await asyncio.sleep(after)
+    pid = engine_core_pid()
+    os.kill(pid, signal.SIGSTOP)
+    marks.append(("engine_stopped", time.time()))
+    print(f"  stopped the engine core (pid {pid}) for {seconds:.0f} s", flush=True)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        marks.append(("engine_continued", time.time()))
+
+
 async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]]) -> None:
     profiles: list[tuple[str, float, float]] = []
     for phase in scenario.phases:
@@ -184,6 +225,8 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
             profile_at = dict(scenario.profile_at).get(phase.name)
             if profile_at is not None:
                 result, _ = await asyncio.gather(load, take_profile(profile_at, out / "traces" / phase.name, profiles))
+            elif scenario.stop_engine is not None and scenario.stop_engine[0] == phase.name:
+                result, _ = await asyncio.gather(load, stop_engine(*scenario.stop_engine[1:], marks))
             else:
                 result = await load
             await asyncio.to_thread(save_page, out / f"{name}-{phase.name}.metrics.txt")

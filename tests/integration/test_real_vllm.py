@@ -8,7 +8,9 @@ them) so that a full cycle of detect-and-clear fits in CI; thresholds keep their
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 
@@ -18,7 +20,7 @@ from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar
 
 pytestmark = pytest.mark.integration
 
-FAST = FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
+FAST = "engine_liveness_endpoint: true\n" + FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
 
 TIMINGS: dict[str, float] = {}
 IDLE_CPU: dict[str, float] = {}
@@ -124,6 +126,38 @@ def test_record_then_replay_twice_gives_identical_verdicts(sidecar: Sidecar, vll
     assert "[critical] kv_cache_saturated on tiny/0" in report
     assert "[warning] queue_backlog [cause: kv_capacity]" in report
     sidecar.wait_for(lambda: not any(sidecar.active().values()), 60, "every condition cleared after recording")
+
+
+def test_a_stopped_engine_core_is_engine_wedged_with_its_stacks_and_clears_after_sigcont(sidecar: Sidecar, vllm):
+    # engine_wedged keeps its defaults (20 s without a token while requests are pending, `for` 5 s, its 60 s window)
+    load = start_load(vllm.url, clients=4, prompt_words=50, max_tokens=1000)
+    core = next(p["pid"] for p in sidecar.diagnosis()["discovery"]["processes"] if p["role"] == "engine_core")
+    try:
+        sidecar.wait_for(lambda: (sidecar.diagnosis()["signals"]["tiny/0"].get("generation_tokens_per_second") or 0) > 0, 60, "tokens flowing")
+        assert get(sidecar.url + "/engine-liveness")[0] == 200
+        os.kill(core, signal.SIGSTOP)
+        try:
+            TIMINGS["engine_wedged detected"] = sidecar.wait_for(lambda: sidecar.active()["engine_wedged"] == 1.0, 60, "engine_wedged active")
+            assert get(vllm.url + "/health")[0] == 200  # what vLLM itself says meanwhile
+            wedged = sidecar.condition("engine_wedged")
+            assert wedged["cause"] == "process_stopped", wedged
+            assert any("engine core process is stopped" in e["text"] for e in wedged["evidence"])
+            assert sidecar.diagnosis()["primary"] == "engine_wedged"
+            assert sidecar.active()["client_underload"] == 0.0 and sidecar.active()["gpu_starved"] == 0.0
+            status, body = get(sidecar.url + "/engine-liveness")
+            assert status == 503 and b"process_stopped" in body, body
+            # py-spy's one-shot dump of the stopped engine core: where it stands
+            sidecar.wait_for(lambda: bool(sidecar.diagnosis()["stack_dumps"]), 30, "a stack dump")
+            dump = sidecar.diagnosis()["stack_dumps"][0]
+            assert dump["pid"] == core and dump["status"] == "stopped", dump
+            assert f"Process {core}" in dump["stacks"] and "Thread" in dump["stacks"], dump
+        finally:
+            os.kill(core, signal.SIGCONT)
+        TIMINGS["engine_wedged cleared"] = sidecar.wait_for(lambda: sidecar.active()["engine_wedged"] == 0.0, 30, "engine_wedged cleared")
+        assert get(sidecar.url + "/engine-liveness")[0] == 200
+    finally:
+        load.stop()
+    sidecar.wait_for(lambda: not any(sidecar.active().values()), 60, "every condition cleared after the engine resumed")
 
 
 def test_killed_vllm_is_unreachable_while_metrics_keep_answering(sidecar: Sidecar, vllm):

@@ -11,6 +11,7 @@ from vllm_triage.model import VLLM_SOURCE, Reading
 from vllm_triage.sources.vllm import parse_page
 
 TTFT_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0)
+PREFILL_BOUNDS = (*TTFT_BOUNDS, 20.0, 40.0, 80.0)
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Counters:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     ttft: list[float] = field(default_factory=list)  # every observation so far
+    prefill: list[float] = field(default_factory=list)  # request prefill times so far (the histogram appears with the first)
 
 
 def page(
@@ -55,18 +57,25 @@ def page(
         f"vllm:prompt_tokens_total{{{labels}}} {c.prompt_tokens}",
         "# TYPE vllm:generation_tokens counter",
         f"vllm:generation_tokens_total{{{labels}}} {c.generation_tokens}",
-        "# TYPE vllm:time_to_first_token_seconds histogram",
     ]
-    for bound in TTFT_BOUNDS:
-        count = sum(1 for x in c.ttft if x <= bound)
-        lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} {count}')
-    lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {len(c.ttft)}')
-    lines.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} {sum(c.ttft)}")
-    lines.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} {len(c.ttft)}")
+    lines += _histogram("vllm:time_to_first_token_seconds", labels, c.ttft, TTFT_BOUNDS)
+    if c.prefill:
+        lines += _histogram("vllm:request_prefill_time_seconds", labels, c.prefill, PREFILL_BOUNDS)
     if not v0:
         lines.append("# TYPE vllm:cache_config_info gauge")
         lines.append(f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="{engine}",num_gpu_blocks="{blocks}"}} 1.0')
     return "\n".join(lines) + "\n"
+
+
+def _histogram(name: str, labels: str, observations: list[float], bounds: tuple[float, ...]) -> list[str]:
+    lines = [f"# TYPE {name} histogram"]
+    for bound in bounds:
+        count = sum(1 for x in observations if x <= bound)
+        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {len(observations)}')
+    lines.append(f"{name}_sum{{{labels}}} {sum(observations)}")
+    lines.append(f"{name}_count{{{labels}}} {len(observations)}")
+    return lines
 
 
 def reading(t: float, text: str) -> Reading:

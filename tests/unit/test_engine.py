@@ -37,10 +37,16 @@ class Scenario:
         self.t = 0.0
         self.c = Counters()
 
-    def run(self, seconds: float, running=1, waiting=0, kv=0.1, preempt_per_step=0.0, finish_per_step=1.0, errors_per_step=0.0, ttft=0.05):
+    def run(
+        self, seconds: float, running=1, waiting=0, kv=0.1, preempt_per_step=0.0, finish_per_step=1.0, errors_per_step=0.0, ttft=0.05, producing=True
+    ):
+        """`producing`: the running requests produce tokens (a served engine); False freezes the token counters."""
         snapshot = None
         for _ in range(int(seconds / self.step)):
             self.t += self.step
+            if producing:
+                self.c.generation_tokens += 8 * running
+                self.c.prompt_tokens += 100 * finish_per_step
             self.c.preemptions += preempt_per_step
             self.c.finished += finish_per_step
             self.c.errors += errors_per_step
@@ -290,3 +296,35 @@ def test_disabled_condition_is_absent():
     settings["itl_high"] = dataclasses.replace(settings["itl_high"], enabled=False)
     snap = Scenario(Engine(settings, 20)).run(4)
     assert "itl_high" not in {v.condition for v in snap.verdicts}
+
+
+def test_a_hung_engine_is_engine_wedged_within_seconds_and_clears_when_tokens_flow():
+    s = Scenario(engine(window=60.0))
+    s.run(60, running=4, waiting=2)
+    stalled = [s.run(2, running=4, waiting=2, producing=False) for _ in range(15)]
+    states = [verdict(snap, "engine_wedged").state for snap in stalled]
+    # active once 20 s of standstill held for its 5 s `for`: the 14th page after the last token
+    assert states.index("active") in (12, 13, 14), states
+    wedged = verdict(stalled[-1], "engine_wedged")
+    assert wedged.cause == "unknown" and any("not visible" in e.text for e in wedged.evidence)
+    assert stalled[-1].primary == "engine_wedged"
+    assert stalled[-1].signals["m/0"]["seconds_since_last_token"] == 30.0
+    # the frozen gauges make no other story: the queue and the idle GPU are the hang's
+    assert verdict(stalled[-1], "queue_backlog").suppressed_by == "engine_wedged"
+    resumed = s.run(2, running=4)
+    assert verdict(resumed, "engine_wedged").state == "inactive"  # at once, not after clear_for
+
+
+def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
+    s = Scenario(engine())
+    idle = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(20)]
+    assert {verdict(snap, "engine_wedged").state for snap in idle[1:]} == {"inactive"}  # the first page: no step yet
+    assert idle[-1].signals["m/0"]["seconds_since_last_token"] == 20.0  # the whole window: at least that long
+    # prefills of 12 s were seen: one request prefilling for 30 s produces no token and is no hang yet
+    s = Scenario(engine(window=60.0))
+    for _ in range(10):
+        s.c.prefill.append(12.0)
+        s.run(2, running=1)
+    long_prefill = [s.run(2, running=1, finish_per_step=0, producing=False) for _ in range(15)]
+    v = verdict(long_prefill[-1], "engine_wedged")
+    assert v.state == "inactive" and any("a stall counts from" in e.text for e in v.evidence), [e.text for e in v.evidence]

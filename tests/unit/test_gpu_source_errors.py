@@ -47,6 +47,7 @@ def fake_nvml(lost: set[int] | None = None, unsupported: set[str] = frozenset(),
     m.nvmlDeviceGetCount = lambda: count
     m.nvmlDeviceGetHandleByIndex = lambda i: i
     m.nvmlDeviceGetUUID = lambda h: f"GPU-fake-{h}"
+    m.nvmlDeviceGetName = lambda h: "NVIDIA H200"
     m.nvmlGpmQueryDeviceSupport = lambda h: SimpleNamespace(isSupportedDevice=0)
 
     def reading(name, value):

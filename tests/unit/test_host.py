@@ -62,6 +62,7 @@ def starved_run(core_thread: float, gpu_util: float, sm: float, running: float =
     snapshot = None
     for t in range(0, 40, 2):
         c.finished += 1
+        c.generation_tokens += 8 * running
         store.add(reading(float(t), page(running, 0, 0.3, c)))
         store.add(gpu_reading(float(t), util=gpu_util, sm=sm))
         store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread))

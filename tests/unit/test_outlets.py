@@ -59,6 +59,7 @@ def saturated_daemon() -> Daemon:
         clock["t"] = i * 2.0
         c.preemptions += 4
         c.finished += 2
+        c.generation_tokens += 480
         daemon.ingest(reading(clock["t"], page(60, 12, 1.0, c)))
         daemon.tick()
     return daemon
@@ -204,6 +205,7 @@ def test_report_marks_what_holds_but_is_not_yet_active_and_names_sources_turned_
         clock["t"] = i * 2.0
         c.preemptions += 4
         c.finished += 2
+        c.generation_tokens += 480
         daemon.ingest(reading(clock["t"], page(60, 12, 1.0, c)))
         daemon.tick()
     ((_, _, body), (_, _, doc)) = serve_and_get(daemon, [("/report", {}), ("/diagnosis", {})])

@@ -6,7 +6,7 @@ import random
 
 import pytest
 from vllm_triage.signals.vllm import VLLM_SIGNALS
-from vllm_triage.signals.window import WindowView, compute_signals, histogram_quantile
+from vllm_triage.signals.window import ServerFacts, WindowView, compute_signals, histogram_quantile
 from vllm_triage.store import Store
 
 from .pages import Counters, page, reading
@@ -66,7 +66,7 @@ def test_quantiles_come_from_deltas_not_from_the_whole_history():
     store.add(reading(100, page(1, 0, 0.1, c)))
     c.ttft += [0.03] * 50  # the window: all fast
     store.add(reading(160, page(1, 0, 0.1, c)))
-    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", 256, VLLM_SIGNALS)
+    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", ServerFacts(256), VLLM_SIGNALS)
     assert signals["ttft_seconds_observations"] == 50
     assert signals["ttft_seconds_p95"] is not None and signals["ttft_seconds_p95"] <= 0.05
     # The cumulative histogram (what a naive reading of /metrics gives) says the opposite.
@@ -83,9 +83,9 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
         store.add(reading(t, text))
     view = WindowView(store.window("vllm", 0, 20))
     assert view.scopes() == ["m/0", "m/1"]
-    engine0 = compute_signals(view, "m/0", 256, VLLM_SIGNALS)
+    engine0 = compute_signals(view, "m/0", ServerFacts(256), VLLM_SIGNALS)
     assert (engine0["requests_waiting_min"], engine0["requests_waiting_mean"], engine0["requests_waiting_max"]) == (2, 4, 6)
-    total = compute_signals(view, "all", 256, VLLM_SIGNALS)
+    total = compute_signals(view, "all", ServerFacts(256), VLLM_SIGNALS)
     assert total["requests_running_mean"] == 4  # running sums over engines
     assert total["kv_cache_usage_ratio_mean"] == 0.9  # KV usage: the fullest engine
 
@@ -93,7 +93,7 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
 def test_a_single_frame_gives_no_rates():
     store = Store(horizon_seconds=300)
     store.add(reading(0, page(1, 0, 0.1, Counters())))
-    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", 256, VLLM_SIGNALS)
+    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", ServerFacts(256), VLLM_SIGNALS)
     assert signals["requests_running_mean"] == 1
     assert signals["preemptions_per_second"] is None
 
@@ -103,3 +103,38 @@ def test_store_drops_frames_past_the_horizon():
     for t in range(0, 100, 10):
         store.add(reading(t, page(1, 0, 0.1, Counters())))
     assert [f.timestamp for f in store.window("vllm", 0, 100)] == [60, 70, 80, 90]
+
+
+def mfu_store(flops_per_second: float, bytes_per_second: float) -> Store:
+    """Pages with vLLM's --enable-mfu-metrics counters rising at the given rates for 20 s."""
+    store = Store(horizon_seconds=300)
+    for t in range(0, 21, 2):
+        text = page(4, 0, 0.5, Counters()) + (
+            f'vllm:estimated_flops_per_gpu_total{{engine="0",model_name="m"}} {flops_per_second * t}\n'
+            f'vllm:estimated_read_bytes_per_gpu_total{{engine="0",model_name="m"}} {bytes_per_second * 0.75 * t}\n'
+            f'vllm:estimated_write_bytes_per_gpu_total{{engine="0",model_name="m"}} {bytes_per_second * 0.25 * t}\n'
+        )
+        store.add(reading(float(t), text))
+    return store
+
+
+H200 = ServerFacts(256, 989e12, 4.8e12)
+
+
+def test_model_flops_and_bandwidth_utilization_against_the_gpus_peaks():
+    # decode-like: 2.4 TB/s at 60 FLOPs per byte, under the H200's ridge (989e12 / 4.8e12 = 206 FLOPs per byte)
+    decode = compute_signals(WindowView(mfu_store(144e12, 2.4e12).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    assert decode["model_flops_utilization_ratio"] == pytest.approx(144 / 989)
+    assert decode["model_bandwidth_utilization_ratio"] == pytest.approx(0.5)
+    assert decode["roofline_memory_bound"] == 1.0
+    assert decode["roofline_attainment_ratio"] == pytest.approx(0.5)  # half the memory roof at its intensity
+    # prefill-like: 1000 FLOPs per byte, past the ridge: the compute roof; 495 of 989 TFLOP/s
+    prefill = compute_signals(WindowView(mfu_store(494.5e12, 0.4945e12).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    assert prefill["roofline_memory_bound"] == 0.0 and prefill["roofline_attainment_ratio"] == pytest.approx(0.5)
+
+
+def test_no_mfu_without_the_flag_or_a_known_gpu():
+    off = compute_signals(WindowView(mfu_store(0.0, 0.0).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    assert off["model_flops_per_second"] is None and off["model_flops_utilization_ratio"] is None  # counters at 0: the flag is off
+    unknown_gpu = compute_signals(WindowView(mfu_store(1e12, 1e11).window("vllm", 0, 20)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    assert unknown_gpu["model_flops_per_second"] == pytest.approx(1e12) and unknown_gpu["model_flops_utilization_ratio"] is None

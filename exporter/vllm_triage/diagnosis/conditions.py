@@ -42,6 +42,8 @@ class Condition:
     reads: tuple[str, ...] = ()
     causes: tuple[str, ...] = ()
     dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
+    # Its own default window, where the global window_seconds could be too short for its thresholds.
+    window_seconds: float | None = None
     scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
     # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
     # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
@@ -66,6 +68,48 @@ def _vllm_unreachable(j: Judge) -> Term:
     if scrape.last_success_timestamp is None:
         j.note("vLLM has not been scraped successfully once")
     return term
+
+
+def _engine_wedged(j: Judge) -> Term:
+    # A prefill produces no token until it completes (vLLM counts prompt tokens at the first output
+    # token): a server whose prefills take long may stand still that long, so the bar rises with them.
+    prefill = j.signals.get("prefill_time_seconds_p95")
+    limit = None
+    if prefill is not None and prefill * j.thresholds["prefill_p95_multiple"] > j.thresholds["stalled_seconds_min"]:
+        limit = prefill * j.thresholds["prefill_p95_multiple"]
+        j.note(f"prefills take up to {prefill:.1f} s (p95 in the window): a stall counts from {limit:.0f} s", "prefill_time_seconds_p95", prefill)
+    stalled = j.compare("seconds_stalled_with_requests_pending", ">=", "stalled_seconds_min", "requests pending and no token produced for", " s", limit=limit)
+    if not stalled.holds:
+        return stalled
+    stopped = j.signals.get("host_engine_core_stopped")
+    cpu = j.signals.get("host_engine_core_cpu_cores")
+    thread = j.signals.get("host_engine_core_busiest_thread_cpu_ratio")
+    if stopped:
+        j.cause = "process_stopped"
+        j.note(
+            "cause process_stopped: the engine core process is stopped (SIGSTOP, a debugger) or a zombie: it can run no code",
+            "host_engine_core_stopped",
+            stopped,
+        )
+    elif cpu is not None and cpu < j.thresholds["idle_cpu_cores_max"]:
+        j.cause = "blocked"
+        j.note(f"cause blocked: the engine core uses {cpu:.2f} cores: it waits on something (a lock, a peer, I/O)", "host_engine_core_cpu_cores", cpu)
+    elif cpu is not None:
+        j.cause = "spinning"
+        j.note(f"cause spinning: the engine core uses {cpu:.2f} cores and produces nothing (a busy loop, a hung collective)", "host_engine_core_cpu_cores", cpu)
+    else:
+        j.cause = "unknown"
+        j.note("cause unknown: the engine core's process is not visible (share the pod's process namespace)")
+    if thread is not None:
+        j.note(f"the engine core's busiest thread uses {thread:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", thread)
+    sm = j.signals.get("gpu_sm_activity_ratio")
+    if sm is not None:
+        what = "a kernel is resident and the SMs are busy (a hung kernel or collective)" if sm >= 0.5 else "the GPU is idle: nothing was launched"
+        j.note(f"GPU SM activity {sm:.2f}: {what}", "gpu_sm_activity_ratio", sm)
+    since = j.signals.get("seconds_since_last_token")
+    if since is not None:
+        j.note(f"last token {since:.0f} s ago", "seconds_since_last_token", since)
+    return stalled
 
 
 def _kv_cache_saturated(j: Judge) -> Term:
@@ -373,6 +417,49 @@ CONDITIONS: tuple[Condition, ...] = (
         clear_seconds=30,
         sources=(),
         scope_kind="global",
+    ),
+    Condition(
+        id="engine_wedged",
+        layer="1+3",
+        severity="critical",
+        summary="Requests are pending and the engine produces no tokens: it is hung",
+        meaning=(
+            "vLLM's API server still answers (its /health says 200 and /metrics shows the last gauges) but the engine "
+            "core has produced no token while requests wait or run: it is stopped, deadlocked or stuck in a step. "
+            "Clients hang until their timeouts; nothing recovers by itself."
+        ),
+        next_actions=(
+            "See where it is stuck: the stack dump /diagnosis attaches (stack_dumps), or `py-spy dump --pid <engine core pid>`.",
+            "cause=process_stopped: something sent SIGSTOP or a debugger holds it: `kill -CONT <pid>`; find who stopped it.",
+            "cause=blocked: a deadlock or a lost peer (tensor-parallel worker, KV transfer): the dump shows the lock or "
+            "the collective; check the workers' logs and NCCL; restart the pod.",
+            "cause=spinning: a busy loop or a hung GPU collective: check the GPU's SM activity and NCCL; restart the pod.",
+            "Restart vLLM (a liveness probe on the sidecar's /engine-liveness restarts it for you: engine_liveness_endpoint).",
+        ),
+        predicate=_engine_wedged,
+        reads=(
+            "seconds_stalled_with_requests_pending",
+            "seconds_since_last_token",
+            "prefill_time_seconds_p95",
+            "host_engine_core_stopped",
+            "host_engine_core_cpu_cores",
+            "host_engine_core_busiest_thread_cpu_ratio",
+            "gpu_sm_activity_ratio",
+        ),
+        dont=(
+            "Do not trust vLLM's /health alone: the API server answers 200 while its engine core is hung.",
+            "Do not read the frozen gauges (running, waiting, KV usage) as the current load: they hold their last values.",
+        ),
+        thresholds=(
+            Threshold("stalled_seconds_min", 20.0, "seconds with requests pending and no token produced, at or above this"),
+            Threshold("prefill_p95_multiple", 3.0, "or, when higher, this many times the window's prefill p95 (a long prefill produces no token)"),
+            Threshold("idle_cpu_cores_max", 0.05, "cause blocked when the engine core uses fewer cores than this (else spinning)"),
+        ),
+        for_seconds=5,
+        clear_seconds=10,
+        window_seconds=60.0,  # a stall is measured within the window: never shorter than the bar, whatever window_seconds says
+        causes=("process_stopped", "blocked", "spinning", "unknown"),
+        contradicted=lambda s: "tokens are produced again, or nothing is pending" if s.get("seconds_stalled_with_requests_pending") == 0 else None,
     ),
     Condition(
         id="kv_cache_saturated",
@@ -744,6 +831,7 @@ CONDITIONS_BY_ID = {c.id: c for c in CONDITIONS}
 # host before GPU efficiency, symptoms such as latency after their causes, informational last).
 PRECEDENCE: tuple[str, ...] = (
     "vllm_unreachable",
+    "engine_wedged",
     "request_errors",
     "kv_cache_saturated",
     "gpu_starved",
@@ -762,8 +850,12 @@ PRECEDENCE: tuple[str, ...] = (
     "prefix_cache_ineffective",
 )
 # condition -> (conditions whose holding explains its evidence, why): it does not hold then.
+_FROZEN = ("engine_wedged", "the engine is hung: its gauges hold their last values and its GPU waits for nothing")
 SUPPRESSED_BY: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpu_starved": (_FROZEN,),
+    "queue_backlog": (_FROZEN,),
     "client_underload": (
+        _FROZEN,
         ("gpu_starved", "pending work with idle SMs and a saturated host thread is starvation, not underload"),
         ("queue_backlog", "requests wait in the queue: the server, not the clients, is the limit"),
     ),

@@ -37,7 +37,7 @@ def default_settings(condition: Condition, window_seconds: float) -> ConditionSe
         enabled=True,
         for_seconds=condition.for_seconds,
         clear_seconds=condition.clear_seconds,
-        window_seconds=window_seconds,
+        window_seconds=condition.window_seconds or window_seconds,
         thresholds={t.name: t.default for t in condition.thresholds},
     )
 

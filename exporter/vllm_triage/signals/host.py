@@ -25,6 +25,16 @@ def _role_busiest_thread(role: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+def _role_stopped(role: str) -> Callable[[SignalContext], float | None]:
+    """1 when a process of the role is stopped or a zombie in the newest reading."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.gauge_points("process_stopped", role_scope(role), max)
+        return points[-1] if points else None
+
+    return compute
+
+
 def _cgroup_throttled_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase("process_cgroup_throttled_periods_total", ctx.scope), ctx.view.increase("process_cgroup_periods_total", ctx.scope))
 
@@ -37,6 +47,16 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
             "busiest_thread_cpu_ratio",
             "The role's busiest thread, share of one core (1.0 = saturated), window mean.",
             _role_busiest_thread(role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
+    *(
+        SignalDef(
+            f"host_{role}_stopped",
+            "stopped",
+            "1 when a process of the role can run no code (stopped by a signal or a debugger, or a zombie), in the newest reading.",
+            _role_stopped(role),
             (("role", role),),
         )
         for role in ROLES

@@ -141,7 +141,7 @@ def _prefix_caching_enabled(ctx: SignalContext) -> float | None:
 
 
 def _max_num_seqs(ctx: SignalContext) -> float | None:
-    return float(ctx.max_num_seqs) if ctx.max_num_seqs else None
+    return float(ctx.facts.max_num_seqs) if ctx.facts.max_num_seqs else None
 
 
 def _running_to_max(ctx: SignalContext) -> float | None:
@@ -170,6 +170,102 @@ def _kv_last_block_waste_ratio(ctx: SignalContext) -> float | None:
     if running is None or block is None or capacity is None:
         return None
     return safe_ratio(running * block / 2, capacity)
+
+
+TOKEN_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def _token_steps(ctx: SignalContext) -> list[bool] | None:
+    """Per step from one frame to the next: whether the engine produced a token (prompt tokens count when
+    a request's prefill completes, generated tokens each decode step)."""
+    steps = [ctx.view.step_increases(name, ctx.scope) for name in TOKEN_COUNTERS]
+    known = [s for s in steps if s is not None]
+    if not known or len(ctx.view.frames) < 2:
+        return None
+    return [any(s[i] > 0 for s in known) for i in range(len(ctx.view.frames) - 1)]
+
+
+def _seconds_since_last_token(ctx: SignalContext) -> float | None:
+    """From the newest reading back to the last one that saw the token counters rise; the window's span
+    when none did in it (at least that long)."""
+    produced = _token_steps(ctx)
+    if produced is None:
+        return None
+    frames = ctx.view.frames
+    last = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i]), 0)
+    return frames[-1].timestamp - frames[last].timestamp
+
+
+def _pending(ctx: SignalContext, index: int) -> float:
+    frame = ctx.view.frames[index]
+    return sum(s.value for name in ("vllm:num_requests_running", "vllm:num_requests_waiting") for s in frame.series(name, ctx.scope))
+
+
+def _seconds_stalled(ctx: SignalContext) -> float | None:
+    """How long, up to the newest reading, requests have been pending (running or waiting) in every reading
+    while the token counters stood still; 0 when nothing is pending or tokens came in the last step."""
+    produced = _token_steps(ctx)
+    if produced is None:
+        return None
+    frames = ctx.view.frames
+    start = len(frames) - 1
+    if _pending(ctx, start) <= 0:
+        return 0.0
+    while start > 0 and not produced[start - 1] and _pending(ctx, start - 1) > 0:
+        start -= 1
+    return frames[-1].timestamp - frames[start].timestamp
+
+
+FLOPS = "vllm:estimated_flops_per_gpu_total"
+BYTES = ("vllm:estimated_read_bytes_per_gpu_total", "vllm:estimated_write_bytes_per_gpu_total")
+
+
+def _estimated(metrics: tuple[str, ...]) -> Callable[[SignalContext], float | None]:
+    """vLLM's estimate per GPU per second (--enable-mfu-metrics); None when vLLM does not fill it (its
+    counters read 0 since the start: the flag is off)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        if not any(_latest_total(metric)(ctx) for metric in metrics):
+            return None
+        rates = [ctx.view.rate(metric, ctx.scope) for metric in metrics]
+        return None if None in rates else sum(r for r in rates if r is not None)
+
+    return compute
+
+
+def _model_flops_utilization(ctx: SignalContext) -> float | None:
+    return safe_ratio(ctx.values.get("model_flops_per_second"), ctx.facts.peak_flops_per_second)
+
+
+def _model_bandwidth_utilization(ctx: SignalContext) -> float | None:
+    return safe_ratio(ctx.values.get("model_memory_bytes_per_second"), ctx.facts.peak_memory_bytes_per_second)
+
+
+def _arithmetic_intensity(ctx: SignalContext) -> float | None:
+    return safe_ratio(ctx.values.get("model_flops_per_second"), ctx.values.get("model_memory_bytes_per_second"))
+
+
+def _roofline_memory_bound(ctx: SignalContext) -> float | None:
+    """1 when the work's FLOPs per byte sit below the GPU's ridge point (peak FLOP/s / peak bytes/s): the
+    memory roof bounds it (decode); 0 when the compute roof does (prefill)."""
+    intensity, ridge = (
+        ctx.values.get("model_arithmetic_intensity_flops_per_byte"),
+        safe_ratio(ctx.facts.peak_flops_per_second, ctx.facts.peak_memory_bytes_per_second),
+    )
+    return None if intensity is None or ridge is None else float(intensity < ridge)
+
+
+def _roofline_attainment(ctx: SignalContext) -> float | None:
+    """Model FLOP/s / what the roofline allows at the work's intensity (min(peak FLOP/s, intensity x peak
+    bytes/s)): how close the server runs to its ceiling, whichever roof it is under."""
+    intensity, peak, bandwidth = (
+        ctx.values.get("model_arithmetic_intensity_flops_per_byte"),
+        ctx.facts.peak_flops_per_second,
+        ctx.facts.peak_memory_bytes_per_second,
+    )
+    if intensity is None or peak is None or bandwidth is None:
+        return None
+    return safe_ratio(ctx.values.get("model_flops_per_second"), min(peak, intensity * bandwidth))
 
 
 def _stats(metric: str, family: str, what: str, combine: Callable[[list[float]], float] = sum) -> list[SignalDef]:
@@ -285,6 +381,60 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "Half-empty last blocks (running x block_size / 2) as a share of KV capacity.",
         _kv_last_block_waste_ratio,
     ),
+    SignalDef(
+        "seconds_since_last_token",
+        "seconds_since_last_token",
+        "Seconds since the engine last produced a token (prompt or generated); the window's span when it produced none in the window.",
+        _seconds_since_last_token,
+    ),
+    SignalDef(
+        "seconds_stalled_with_requests_pending",
+        "seconds_stalled_with_requests_pending",
+        "Seconds for which requests have been pending (running or waiting) while no token was produced; 0 when tokens flow or nothing is pending.",
+        _seconds_stalled,
+    ),
+    SignalDef(
+        "model_flops_per_second",
+        "model_flops_per_second",
+        "Model FLOPs per second per GPU, vLLM's estimate (needs vLLM's --enable-mfu-metrics).",
+        _estimated((FLOPS,)),
+    ),
+    SignalDef(
+        "model_memory_bytes_per_second",
+        "model_memory_bytes_per_second",
+        "Bytes read and written per second per GPU, vLLM's estimate (needs --enable-mfu-metrics).",
+        _estimated(BYTES),
+    ),
+    SignalDef(
+        "model_flops_utilization_ratio",
+        "model_flops_utilization_ratio",
+        "Model FLOPs utilization: model FLOP/s / the GPU's dense bf16 peak (hardware table by NVML's GPU name).",
+        _model_flops_utilization,
+    ),
+    SignalDef(
+        "model_bandwidth_utilization_ratio",
+        "model_bandwidth_utilization_ratio",
+        "Model bytes/s / the GPU's peak memory bandwidth.",
+        _model_bandwidth_utilization,
+    ),
+    SignalDef(
+        "model_arithmetic_intensity_flops_per_byte",
+        "model_arithmetic_intensity_flops_per_byte",
+        "Model FLOPs per byte of memory traffic (below the GPU's ridge point: bandwidth-bound).",
+        _arithmetic_intensity,
+    ),
+    SignalDef(
+        "roofline_memory_bound",
+        "roofline_memory_bound",
+        "1 when the work sits under the memory roof (intensity below the GPU's ridge point: decode), 0 under the compute roof (prefill).",
+        _roofline_memory_bound,
+    ),
+    SignalDef(
+        "roofline_attainment_ratio",
+        "roofline_attainment_ratio",
+        "Model FLOP/s / the roofline's ceiling at the work's intensity: 1 = at the roof.",
+        _roofline_attainment,
+    ),
     SignalDef("max_num_seqs", "max_num_seqs", "max_num_seqs in force (config, vLLM command line or vLLM default).", _max_num_seqs),
     SignalDef(
         "running_to_max_num_seqs_ratio",
@@ -316,6 +466,8 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
         "vllm:request_decode_time_seconds_sum",
+        FLOPS,
+        *BYTES,
         *_histogram("vllm:time_to_first_token_seconds"),
         *_histogram("vllm:inter_token_latency_seconds"),
         *_histogram("vllm:request_queue_time_seconds"),

@@ -121,6 +121,16 @@ class WindowView:
         self._cache[key] = result
         return result
 
+    def step_increases(self, name: str, scope: str) -> list[float] | None:
+        """The counter's increase (summed over the scope's series) from each frame to the next; None when no
+        frame has it."""
+        key = ("steps", name, scope)
+        if key not in self._cache:
+            steps = [_counter_step(previous, frame, name, scope, None) for previous, frame in pairwise(self.frames)]
+            seen = any(s for _, s in steps) or bool(self.frames and self.frames[0].series(name, scope))
+            self._cache[key] = [increase for increase, _ in steps] if seen else None
+        return self._cache[key]  # type: ignore[return-value]
+
     def rate(self, name: str, scope: str, where: Callable[[Labels], bool] | None = None) -> float | None:
         increase = self.increase(name, scope, where)
         if increase is None or self.span_seconds <= 0:
@@ -199,11 +209,20 @@ class SignalDef:
     extra_labels: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class ServerFacts:
+    """What signals read beside the window: facts about the server that its metrics do not carry."""
+
+    max_num_seqs: int | None = None
+    peak_flops_per_second: float | None = None  # per GPU, dense bf16 (hardware.GPU_PEAKS)
+    peak_memory_bytes_per_second: float | None = None
+
+
 @dataclass
 class SignalContext:
     view: WindowView
     scope: str
-    max_num_seqs: int | None
+    facts: ServerFacts
     values: dict[str, float | None]  # signals already computed for this scope (dependencies)
 
 
@@ -217,10 +236,10 @@ def mean_of(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def compute_signals(view: WindowView, scope: str, max_num_seqs: int | None, table: tuple[SignalDef, ...]) -> dict[str, float | None]:
+def compute_signals(view: WindowView, scope: str, facts: ServerFacts, table: tuple[SignalDef, ...]) -> dict[str, float | None]:
     """Every signal of a table for one scope, in table order (later ones may read earlier ones)."""
     values: dict[str, float | None] = {}
-    ctx = SignalContext(view, scope, max_num_seqs, values)
+    ctx = SignalContext(view, scope, facts, values)
     for signal in table:
         value = signal.compute(ctx)
         # A signal no arithmetic downstream can use (NaN, ±Inf from an overflow) is "cannot be computed".

@@ -70,6 +70,38 @@ def hot_functions(raw: str, top: int) -> list[tuple[str, str, int]]:
     return [(function, file, n) for (function, file), n in counts.most_common(top)]
 
 
+DUMP_TIMEOUT_SECONDS = 15.0
+MAX_DUMP_CHARS = 20_000
+
+
+async def dump_stacks(pid: int, py_spy: str | None = None) -> dict[str, str]:
+    """Every thread's Python stack of one process, once (`py-spy dump --nonblocking`: it reads the process'
+    memory without pausing it, so it works on a stopped process too): {"stacks": text} or {"error": why}."""
+    py_spy = py_spy or find_py_spy()
+    if py_spy is None:
+        return {"error": "py-spy is not installed (pip install py-spy)"}
+    try:
+        process = await asyncio.create_subprocess_exec(
+            py_spy, "dump", "--pid", str(pid), "--nonblocking", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+    except OSError as error:
+        return {"error": f"{py_spy} could not start: {error}"}
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=DUMP_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        _kill(process)
+        return {"error": f"py-spy dump of pid {pid} did not finish in {DUMP_TIMEOUT_SECONDS:.0f} s"}
+    except BaseException:
+        _kill(process)
+        raise
+    text = output.decode(errors="replace").strip()
+    if process.returncode != 0:
+        if "ermission" in text or "not permitted" in text:
+            return {"error": NO_PERMISSION_FIX}
+        return {"error": f"py-spy dump of pid {pid} failed: {text[-300:]}"}
+    return {"stacks": text[:MAX_DUMP_CHARS]}
+
+
 class GilSource:
     def __init__(
         self,

@@ -59,6 +59,7 @@ class _Device:
     index: int
     uuid: str
     handle: Any
+    name: str = ""  # NVML's model name ("NVIDIA H200"): the peaks efficiency is measured against
     gpm: bool | None = None  # None until GPM support is asked (when the GPU is first chosen)
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, current], swapped each tick
     gpm_previous_time: float | None = None
@@ -110,7 +111,9 @@ class GpuSource:
         if count == 0:
             raise _Unavailable("no_gpu", "NVML sees no GPU")
         handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
-        self._every = [_Device(index, _text(pynvml.nvmlDeviceGetUUID(handle)), handle) for index, handle in enumerate(handles)]
+        self._every = [
+            _Device(index, _text(pynvml.nvmlDeviceGetUUID(handle)), handle, _text(pynvml.nvmlDeviceGetName(handle))) for index, handle in enumerate(handles)
+        ]
         self._apply_selection()
         self._xid_thread = threading.Thread(target=self._watch_xid, name="nvml-xid", daemon=True)
         self._xid_thread.start()
@@ -251,7 +254,7 @@ class GpuSource:
             self._log_state(reading)
             return reading
         meta: dict[str, Any] = {
-            "gpus": [{"gpu": d.index, "uuid": d.uuid, "gpm": d.gpm} for d in self._devices or []],
+            "gpus": [{"gpu": d.index, "uuid": d.uuid, "name": d.name, "gpm": d.gpm} for d in self._devices or []],
             "selection": self._rule,
         }
         if self._unsupported:

@@ -91,6 +91,9 @@ RESCAN_SECONDS = 30.0  # a full scan of /proc for vLLM's processes; sampling kno
 # Reading every thread's CPU is most of a collection (the engine core and the API server run ~100 threads
 # each on a GPU): done this often, the busiest thread's share is over these seconds and repeated between.
 THREAD_SAMPLE_SECONDS = 10.0
+# A process that can run no code: stopped by a signal (SIGSTOP, a debugger's stop) or exited unreaped. Not
+# "tracing-stop": py-spy's own blocking samples put vLLM in that state for a moment.
+STOPPED_STATES = (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 @dataclass
@@ -224,11 +227,13 @@ class ProcessSource:
         with proc.oneshot():
             cpu = proc.cpu_times()
             out[("process_cpu_seconds_total", labels)] = cpu.user + cpu.system
+            status = proc.status()
+            out[("process_stopped", labels)] = 1.0 if status in STOPPED_STATES else 0.0
             out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
             if due:
                 self._sample_threads(tracked, now, proc.threads())
         out[("process_threads", labels)] = float(tracked.threads)
-        entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index}
+        entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index, "status": status}
         if tracked.busiest is not None:
             out[("process_busiest_thread_cpu_ratio", labels)] = tracked.busiest["cpu_ratio"]
             entry["busiest_thread"] = tracked.busiest
