@@ -37,9 +37,7 @@ class Scenario:
         self.t = 0.0
         self.c = Counters()
 
-    def run(
-        self, seconds: float, running=1, waiting=0, kv=0.1, preempt_per_step=0.0, finish_per_step=1.0, errors_per_step=0.0, ttft=0.05, producing=True
-    ):
+    def run(self, seconds: float, running=1, waiting=0, kv=0.1, preempt_per_step=0.0, finish_per_step=1.0, errors_per_step=0.0, ttft=0.05, producing=True):
         """`producing`: the running requests produce tokens (a served engine); False freezes the token counters."""
         snapshot = None
         for _ in range(int(seconds / self.step)):
