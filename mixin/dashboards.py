@@ -197,6 +197,46 @@ def overview() -> dict[str, Any]:
         width=8,
         height=10,
     )
+    lay.row("Efficiency: how far from the GPU's ceiling (vLLM's --enable-mfu-metrics over the GPU's peaks, beside what GPM measured)")
+    lay.add(
+        timeseries(
+            "Model FLOPs and bandwidth utilization",
+            [
+                (f"max by (engine) (vllm_triage_vllm_model_flops_utilization_ratio{{{VLLM}}})", "MFU engine {{engine}}"),
+                (f"max by (engine) (vllm_triage_vllm_model_bandwidth_utilization_ratio{{{VLLM}}})", "bandwidth engine {{engine}}"),
+                (f"vllm_triage_gpu_tensor_active_ratio{{{GPU}}}", "tensor active (GPM) {{gpu}}"),
+                (f"vllm_triage_gpu_dram_bandwidth_utilization_ratio{{{GPU}}}", "DRAM (GPM) {{gpu}}"),
+            ],
+            unit="percentunit",
+            max_value=1,
+            description="Model FLOP/s and bytes/s (vLLM's estimates; start vLLM with --enable-mfu-metrics) over the GPU's dense bf16 "
+            "and memory peaks, beside the tensor-core and DRAM activity GPM measured.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Distance to the roofline (1 = at the roof)",
+            [
+                (f"max by (engine) (vllm_triage_vllm_roofline_attainment_ratio{{{VLLM}}})", "attained engine {{engine}}"),
+                (f"max by (engine) (vllm_triage_vllm_roofline_memory_bound{{{VLLM}}})", "under the memory roof (1) engine {{engine}}"),
+            ],
+            unit="percentunit",
+            max_value=1,
+            description="Model FLOP/s over what the roofline allows at the work's FLOPs per byte. Decode sits under the memory roof, prefill under the compute roof.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Seconds since the last token",
+            [
+                (f"max by (engine) (vllm_triage_vllm_seconds_stalled_with_requests_pending{{{VLLM}}})", "stalled with requests pending {{engine}}"),
+                (f"max by (engine) (vllm_triage_vllm_seconds_since_last_token{{{VLLM}}})", "since the last token {{engine}}"),
+                _threshold("engine_wedged", "stalled_seconds_min"),
+            ],
+            unit="s",
+            description="A hung engine core: requests pending and no token (engine_wedged). vLLM's own /health still answers 200 then.",
+        )
+    )
     lay.row("Layer 1: vLLM load and latency")
     lay.add(
         timeseries(

@@ -340,7 +340,7 @@ def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionS
             enabled=values.get("enabled", True),
             for_seconds=values.get("for_seconds", base.for_seconds),
             clear_seconds=values.get("clear_for_seconds", base.clear_seconds),
-            window_seconds=values.get("window_seconds", window_seconds),
+            window_seconds=values.get("window_seconds", base.window_seconds),
             thresholds=thresholds,
         )
     return settings

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 from aiohttp import web
 
 from .config import ConfigError, read_yaml_mapping
@@ -63,6 +62,8 @@ class WebConfig:
         key = (user, hashlib.sha256(password.encode()).digest())
         if key in self._verified:
             return True
+        import bcrypt  # only where users are configured: most sidecars never load it
+
         if await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed):
             self._verified.add(key)
             return True

@@ -37,6 +37,7 @@ def page(
     engine: str = "0",
     blocks: int = 1000,
     block_size: int = 16,
+    deferred: float | None = None,  # of the waiting, deferred by vLLM (num_requests_waiting_by_reason, 0.26+)
 ) -> str:
     labels = f'model_name="{model}"' if v0 else f'engine="{engine}",model_name="{model}"'
     kv_name = "vllm:gpu_cache_usage_perc" if v0 else "vllm:kv_cache_usage_perc"
@@ -59,6 +60,10 @@ def page(
         f"vllm:generation_tokens_total{{{labels}}} {c.generation_tokens}",
     ]
     lines += _histogram("vllm:time_to_first_token_seconds", labels, c.ttft, TTFT_BOUNDS)
+    if deferred is not None:
+        lines.append("# TYPE vllm:num_requests_waiting_by_reason gauge")
+        lines.append(f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} {waiting - deferred}')
+        lines.append(f'vllm:num_requests_waiting_by_reason{{{labels},reason="deferred"}} {deferred}')
     if c.prefill:
         lines += _histogram("vllm:request_prefill_time_seconds", labels, c.prefill, PREFILL_BOUNDS)
     if not v0:

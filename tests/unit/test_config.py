@@ -147,3 +147,12 @@ def test_a_changed_config_file_is_picked_up_without_a_restart_and_an_invalid_one
     finally:
         sidecar.process.terminate()
         assert sidecar.process.wait(timeout=30) == 0
+
+
+def test_a_condition_with_its_own_window_keeps_it_under_a_short_global_window(tmp_path):
+    # engine_wedged measures a 20 s stall inside its window: a 10 s window_seconds must not blind it
+    config = load(env={}, flags={"window_seconds": "10"})
+    assert config.conditions["engine_wedged"].window_seconds == 60
+    assert config.conditions["kv_cache_saturated"].window_seconds == 10
+    overridden = load(write(tmp_path, "conditions:\n  engine_wedged: {window_seconds: 30}\n"), env={}, flags={"window_seconds": "10"})
+    assert overridden.conditions["engine_wedged"].window_seconds == 30

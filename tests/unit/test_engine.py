@@ -326,3 +326,24 @@ def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
     long_prefill = [s.run(2, running=1, finish_per_step=0, producing=False) for _ in range(15)]
     v = verdict(long_prefill[-1], "engine_wedged")
     assert v.state == "inactive" and any("a stall counts from" in e.text for e in v.evidence), [e.text for e in v.evidence]
+
+
+def backlog_cause(deferred: float | None) -> str | None:
+    """queue_backlog's cause with 6 waiting (KV full, as a capacity queue looks) and `deferred` of them deferred."""
+    eng, store, c = engine({"queue_backlog": {"for_seconds": 0}}), Store(120), Counters()
+    snapshot = None
+    for t in range(0, 40, 2):
+        c.finished += 1
+        c.generation_tokens += 64
+        store.add(reading(float(t), page(8, 6, 0.99, c, deferred=deferred)))
+        snapshot = evaluate(eng, store, float(t))
+    assert snapshot is not None
+    v = verdict(snapshot, "queue_backlog")
+    assert v.state == "active"
+    return v.cause
+
+
+def test_queue_backlogs_cause_comes_from_vllms_reason_where_it_says_one():
+    assert backlog_cause(deferred=5) == "deferred"  # LoRA budget, KV transfer: no capacity fix applies
+    assert backlog_cause(deferred=0) == "kv_capacity"  # waiting for capacity: inferred as before
+    assert backlog_cause(deferred=None) == "kv_capacity"  # vLLM before 0.26 says no reason

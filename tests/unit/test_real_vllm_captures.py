@@ -6,6 +6,8 @@
 - gpu_heavy: the 1B Llama, 32 clients of 900-word prompts (prefill), then 128 clients of 400 tokens (decode).
 - profiled: the serving setup again, with vLLM's torch profiler taking 1 s late in each loaded phase
   (the underload trace is tests/data/vllm-0.26.0-h200-profile-underload/).
+- efficiency_wedge: the 1B Llama with --enable-mfu-metrics: prefill (32 clients of 900 words), decode (128
+  clients of 400 tokens), then 8 clients with the engine core stopped by SIGSTOP for 35 s, and continued.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ALL = {c.id for c in CONDITIONS}
 
 
 def capture(name: str) -> tuple[Path, list[tuple[str, float, float]]]:
+    """The capture and its phases: (name, start, end) from the marks the recorder kept."""
     # the serving capture is the bundled demo (`make run`): one copy, in the package
     path = demo_capture_path() if name == "serving" else DATA / f"real-vllm-h200-{name}.jsonl.gz"
     phases = read_phases(DATA / f"real-vllm-h200-{name}.json")
@@ -188,3 +191,48 @@ def test_the_profilers_trace_and_the_sidecar_tell_the_same_story():
     sm_active = at["underload"].signals["gpu:0"]["gpu_sm_active_ratio_mean"]
     assert gpu.busy_ratio < 0.15 and sm_active < 0.15
     assert any("gpu_starved" in finding for finding in summaries[0].findings)
+
+
+def wedge_marks() -> dict[str, float]:
+    return {name: start for name, start in json.loads((DATA / "real-vllm-h200-efficiency_wedge.json").read_text())}
+
+
+def test_a_stopped_engine_core_on_the_h200_is_engine_wedged_and_clears_when_continued():
+    """Default settings. The truth written before the run: engine_wedged (process_stopped) within 30 s of the
+    SIGSTOP, primary, with the GPU idle in its evidence; cleared within 5 s of SIGCONT; nothing else in the stop."""
+    marks = wedge_marks()
+    snapshots = replayed("efficiency_wedge", load(env={}))
+    stopped = [s for s in snapshots if marks["engine_stopped"] <= s.timestamp <= marks["engine_continued"]]
+    first = next(s for s in stopped if verdict(s, "engine_wedged").active)
+    assert first.timestamp - marks["engine_stopped"] <= 35, first.timestamp - marks["engine_stopped"]
+    wedged = verdict(first, "engine_wedged")
+    assert wedged.cause == "process_stopped" and first.primary == "engine_wedged"
+    assert any("the GPU is idle" in e.text for e in wedged.evidence), [e.text for e in wedged.evidence]
+    assert {v.condition for s in stopped for v in s.verdicts if v.active} == {"engine_wedged"}
+    after = [s for s in snapshots if s.timestamp > marks["engine_continued"]]
+    cleared = next(s for s in after if not verdict(s, "engine_wedged").active)
+    assert cleared.timestamp - marks["engine_continued"] <= 5
+    # and it never fires where the engine works, nor on the profiler's 12-19 s freezes or any other real capture
+    outside = [s for s in snapshots if not marks["engine_stopped"] <= s.timestamp <= marks["engine_continued"] + 5]
+    assert not [s.timestamp for s in outside if verdict(s, "engine_wedged").active]
+    for name in ("serving", "cpu_bound", "gpu_heavy", "profiled"):
+        assert not [s.timestamp for s in replayed(name, load(env={})) if verdict(s, "engine_wedged").active], name
+
+
+def test_model_flops_and_bandwidth_utilization_on_the_h200_against_its_roofline(tmp_path):
+    """vLLM's own estimates (--enable-mfu-metrics) over the H200's peaks (989 TFLOP/s bf16, 4.8 TB/s), beside
+    GPM's measured activity: prefill sits under the compute roof, decode under the memory roof."""
+    marks = wedge_marks()
+    snapshots = replayed("efficiency_wedge", short_settings(tmp_path))
+
+    def steady(phase: str, following: str) -> list[dict]:
+        return [s.signals["tiny/0"] | s.signals["gpu:0"] for s in snapshots if marks[phase] + 24 <= s.timestamp <= marks[following]]
+
+    prefill, decode = steady("prefill_heavy", "decode_heavy"), steady("decode_heavy", "wedged")
+    assert all(s["roofline_memory_bound"] == 0.0 for s in prefill) and all(s["roofline_memory_bound"] == 1.0 for s in decode)
+    # model FLOPs are what the tensor cores did at most (GPM tensor activity), and prefill's far above decode's
+    assert all(0.2 <= s["model_flops_utilization_ratio"] <= s["gpu_tensor_active_ratio_mean"] + 0.05 for s in prefill), prefill
+    assert max(s["model_flops_utilization_ratio"] for s in decode) < min(s["model_flops_utilization_ratio"] for s in prefill) / 5
+    # decode's bytes by vLLM's estimate agree with the DRAM bandwidth GPM measured, within 0.05 of the peak
+    assert all(abs(s["model_bandwidth_utilization_ratio"] - s["gpu_dram_bandwidth_utilization_ratio_mean"]) < 0.05 for s in decode), decode
+    assert snapshots[-1].discovery["gpu_peak"]["model"] == "H200"

@@ -142,7 +142,20 @@ def _full_within_a_block(j: Judge, threshold: str) -> float | None:
 
 def _queue_backlog(j: Judge) -> Term:
     backlog = j.compare("requests_waiting_min", ">", "waiting_min", "requests waiting (window minimum)")
-    if backlog.holds:
+    deferred, waiting = j.signals.get("requests_waiting_deferred_mean"), j.signals.get("requests_waiting_mean")
+    if backlog.holds and deferred is not None and waiting and deferred >= j.thresholds["deferred_share_for_deferred_cause"] * waiting:
+        # vLLM says why they wait (0.26+): deferred requests are not held up by capacity, so no capacity cause applies
+        j.cause = "deferred"
+        j.note(
+            f"cause deferred: {deferred:.1f} of {waiting:.1f} waiting requests are deferred by vLLM (LoRA budget, KV transfer, grammar), "
+            "not waiting for capacity",
+            "requests_waiting_deferred_mean",
+            deferred,
+        )
+    elif backlog.holds:
+        capacity = j.signals.get("requests_waiting_capacity_mean")
+        if capacity is not None:
+            j.note(f"vLLM says {capacity:.1f} of the waiting requests wait for capacity", "requests_waiting_capacity_mean", capacity)
         usage = j.signals.get("kv_cache_usage_ratio_mean")
         peak = j.signals.get("kv_cache_usage_ratio_max")
         running = j.signals.get("requests_running_mean")
@@ -267,6 +280,8 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
     ever = j.value("prefix_cache_hits_since_start")
     if ever is not None and ever <= 0:
         return j.fact(False, "no prompt has reused a cached prefix since vLLM started: expected for unique prompts", "prefix_cache_hits_since_start", ever)
+    if j.signals.get("prompt_tokens_cached_ratio") is not None:  # token-level, local and external caches (vLLM 0.11+)
+        return j.compare("prompt_tokens_cached_ratio", "<", "hit_ratio_max", "share of prompt tokens served from a cache", upper=1.0)
     return j.compare("prefix_cache_hit_ratio", "<", "hit_ratio_max", "prefix-cache hit ratio", upper=1.0)
 
 
@@ -497,11 +512,16 @@ CONDITIONS: tuple[Condition, ...] = (
             "cause=kv_capacity: KV cache is the limit; see kv_cache_saturated's actions.",
             "cause=concurrency_cap: running reached max_num_seqs; raise --max-num-seqs if KV cache allows.",
             "cause=scheduler_bound: the engine core's thread is saturated: see gpu_starved.",
+            "cause=deferred: vLLM defers them (vllm:num_requests_waiting_by_reason): LoRA budget (raise --max-loras), "
+            "KV transfer from a prefill instance (check the connector), structured-output grammar compilation.",
             "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
         ),
         predicate=_queue_backlog,
         reads=(
             "requests_waiting_min",
+            "requests_waiting_deferred_mean",
+            "requests_waiting_mean",
+            "requests_waiting_capacity_mean",
             "requests_running_mean",
             "kv_cache_usage_ratio_mean",
             "kv_cache_usage_ratio_max",
@@ -518,8 +538,15 @@ CONDITIONS: tuple[Condition, ...] = (
             Threshold(
                 "scheduler_thread_min", 0.85, "else the engine core's busiest thread (share of a core) at or above which the cause is scheduler_bound", 0.0, 1.0
             ),
+            Threshold(
+                "deferred_share_for_deferred_cause",
+                0.5,
+                "first: deferred / waiting (vLLM's waiting_by_reason) at or above which the cause is deferred",
+                0.0,
+                1.0,
+            ),
         ),
-        causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "unknown"),
+        causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "deferred", "unknown"),
     ),
     Condition(
         id="preemption_storm",
@@ -627,7 +654,13 @@ CONDITIONS: tuple[Condition, ...] = (
             "Never judged on a cache that never hit: that is expected for unique prompts.",
         ),
         predicate=_prefix_cache_ineffective,
-        reads=("prefix_cache_hit_ratio", "prefix_cache_queries_per_second", "prefix_caching_enabled", "prefix_cache_hits_since_start"),
+        reads=(
+            "prompt_tokens_cached_ratio",
+            "prefix_cache_hit_ratio",
+            "prefix_cache_queries_per_second",
+            "prefix_caching_enabled",
+            "prefix_cache_hits_since_start",
+        ),
         thresholds=(
             Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
             Threshold("hit_ratio_max", 0.05, "hit ratio below this", 0.0, 1.0),

@@ -77,6 +77,26 @@ def _prefix_hit_ratio(ctx: SignalContext) -> float | None:
     )
 
 
+def _prompt_tokens_cached_ratio(ctx: SignalContext) -> float | None:
+    """Share of prompt tokens served from a cache (local prefix cache and external KV connectors), where
+    vLLM counts them (vllm:prompt_tokens_cached_total, since ~0.11)."""
+    return safe_ratio(ctx.view.increase("vllm:prompt_tokens_cached_total", ctx.scope), ctx.view.increase("vllm:prompt_tokens_total", ctx.scope))
+
+
+def _waiting_for(reason: str) -> Callable[[SignalContext], float | None]:
+    """Mean requests waiting for one reason (vllm:num_requests_waiting_by_reason: capacity | deferred)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        points = [
+            sum(s.value for s in series if label_value(s.labels, "reason") == reason)
+            for frame in ctx.view.frames
+            if (series := frame.series("vllm:num_requests_waiting_by_reason", ctx.scope))
+        ]
+        return sum(points) / len(points) if points else None
+
+    return compute
+
+
 def _preempted_per_finished(ctx: SignalContext) -> float | None:
     # Counted against at least one request: preemptions while nothing finishes is a storm too.
     preemptions = ctx.view.increase("vllm:num_preemptions_total", ctx.scope)
@@ -336,6 +356,26 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     SignalDef("prefill_time_share_ratio", "prefill_time_share_ratio", "Prefill time / (prefill + decode time).", _prefill_share),
     SignalDef("prefix_cache_hit_ratio", "prefix_cache_hit_ratio", "Prefix cache hits / queries.", _prefix_hit_ratio),
     SignalDef(
+        "prompt_tokens_cached_ratio",
+        "prompt_tokens_cached_ratio",
+        "Share of prompt tokens served from a cache, local or external (vLLM 0.11+: vllm:prompt_tokens_cached_total).",
+        _prompt_tokens_cached_ratio,
+    ),
+    SignalDef(
+        "requests_waiting_capacity_mean",
+        "requests_waiting_by_reason_mean",
+        "Requests waiting for scheduling capacity (KV blocks, batch slots), window mean (vLLM 0.26+).",
+        _waiting_for("capacity"),
+        (("reason", "capacity"),),
+    ),
+    SignalDef(
+        "requests_waiting_deferred_mean",
+        "requests_waiting_by_reason_mean",
+        "Requests deferred by a transient constraint (LoRA budget, KV transfer, grammar compilation), window mean (vLLM 0.26+).",
+        _waiting_for("deferred"),
+        (("reason", "deferred"),),
+    ),
+    SignalDef(
         "prefix_cache_queries_per_second",
         "prefix_cache_queries_per_second",
         "Prefix cache queries per second (tokens; blocks on old versions).",
@@ -466,6 +506,8 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
         "vllm:request_decode_time_seconds_sum",
+        "vllm:prompt_tokens_cached_total",
+        "vllm:num_requests_waiting_by_reason",
         FLOPS,
         *BYTES,
         *_histogram("vllm:time_to_first_token_seconds"),
