@@ -489,6 +489,7 @@ def fleet() -> dict[str, Any]:
         "model_name:vllm_kv_cache_usage_perc:max": ("Fullest KV cache by model", "{{namespace}} {{model_name}}"),
         "model_name:vllm_generation_tokens:rate5m": ("Generated tokens/s by model", "{{namespace}} {{model_name}}"),
         "model_name:vllm_prompt_tokens:rate5m": ("Prompt tokens/s by model", "{{namespace}} {{model_name}}"),
+        "pod:vllm_num_requests_waiting:avg5m": ("Waiting per replica (one far above its siblings: imbalance)", "{{namespace}} {{model_name}} {{pod}}"),
         "model_name:vllm_time_to_first_token_seconds:p95_5m": ("TTFT p95 by model", "{{namespace}} {{model_name}}"),
         "namespace:vllm_triage_gpu_sm_active_ratio:avg": ("Mean GPU SM activity by namespace", "{{namespace}}"),
     }

@@ -104,6 +104,21 @@ VLLM_ALERTS: list[dict[str, Any]] = [
         },
     },
     {
+        "alert": "VllmReplicaImbalance",
+        # One replica of a model queues while a sibling idles: the load balancer, not capacity, is the
+        # problem (sticky sessions, a prefix-aware router pinning a hot prefix, a slow pod kept in rotation).
+        "expr": (
+            "pod:vllm_num_requests_waiting:avg5m >= 5 and on (namespace, model_name) (min by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) < 1)"
+        ),
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: {{ $value }} requests wait while another replica of {{ $labels.model_name }} has none",
+            "description": "One replica queues while a sibling idles: requests are routed unevenly. Adding replicas will not help; fix the routing.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmreplicaimbalance",
+        },
+    },
+    {
         "alert": "VllmTargetDown",
         "expr": f"up{{{VLLM_JOB}}} == 0",
         "for": "2m",
@@ -144,6 +159,10 @@ RECORDING_RULES: list[dict[str, str]] = [
     {"record": "model_name:vllm_num_requests_waiting:sum", "expr": "sum by (namespace, model_name) (vllm:num_requests_waiting)"},
     {"record": "model_name:vllm_kv_cache_usage_perc:max", "expr": f"max by (namespace, model_name) ({KV_USAGE})"},
     {"record": "model_name:vllm_generation_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:generation_tokens_total[5m]))"},
+    {
+        "record": "pod:vllm_num_requests_waiting:avg5m",
+        "expr": "sum by (namespace, model_name, pod) (avg_over_time(vllm:num_requests_waiting[5m]))",
+    },
     {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:prompt_tokens_total[5m]))"},
     {
         "record": "model_name:vllm_time_to_first_token_seconds:p95_5m",
@@ -250,6 +269,7 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
     base = {"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000", "job": "vllm", "model_name": "m", "engine": "0"}
     healthy = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
     full_idle = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-2"').replace("10.0.0.1", "10.0.0.4")
+    busy_0, busy_1 = (labels.replace('model_name="m"', 'model_name="busy"') for labels in (VLLM_LABELS, healthy))
     return [
         {  # a saturated cache dips at every preemption: still pages; a busy-but-healthy one does not
             "interval": "1m",
@@ -291,6 +311,19 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 fires("VllmRequestsWaiting", "10m", {**base, "severity": "warning"}, "3"),
                 silent("VllmRequestsWaitingPersistent", "10m"),
                 fires("VllmRequestsWaitingPersistent", "25m", {**base, "severity": "critical"}, "3"),
+            ],
+        },
+        {  # one replica queues while its sibling idles: imbalance; two that both queue: capacity, not imbalance
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm:num_requests_waiting{{{VLLM_LABELS}}}", "values": "8x25"},
+                {"series": f"vllm:num_requests_waiting{{{healthy}}}", "values": "0x25"},
+                {"series": f"vllm:num_requests_waiting{{{busy_0}}}", "values": "8x25"},
+                {"series": f"vllm:num_requests_waiting{{{busy_1}}}", "values": "9x25"},
+            ],
+            "alert_rule_test": [
+                silent("VllmReplicaImbalance", "8m"),
+                fires("VllmReplicaImbalance", "20m", {"namespace": "llm", "pod": "vllm-0", "model_name": "m", "severity": "warning"}, "8"),
             ],
         },
         {
@@ -383,6 +416,9 @@ _VLLM_ALERT_STEPS = {
     "VllmKvCacheFull": "Confirm with the sidecar's `kv_cache_saturated` and `queue_backlog` (cause). Then see [VllmTriageKvCacheSaturated](#vllmtriagekvcachesaturated).",
     "VllmRequestsWaiting": "Read the sidecar's `queue_backlog` cause (`kv_capacity`, `concurrency_cap`, `unknown`) and follow [VllmTriageQueueBacklog](#vllmtriagequeuebacklog).",
     "VllmRequestsWaitingPersistent": "As VllmRequestsWaiting; if nothing changes, add replicas: the backlog will not drain by itself.",
+    "VllmReplicaImbalance": "Compare the replicas on the fleet dashboard's waiting-per-pod panel. Check the Service's or router's "
+    "balancing (session affinity, prefix- or KV-aware routing pinning a hot prefix to one pod) and whether the queueing pod is slower "
+    "(its sidecar's verdicts: gpu_throttled, gpu_starved).",
     "VllmTargetDown": "Check the pod's restarts and the vLLM container's logs (OOM kills, CUDA errors); the sidecar's `vllm_unreachable` says the same from inside the pod.",
     "VllmTriageDown": "Check the sidecar container (restarts, logs). The vLLM alerts above still work without it.",
     "VllmTriageSourceDown": "Open `/diagnosis` on the sidecar: `sources.<name>.last_error` names the cause (no NVML library or GPU, vLLM unreachable, ...).",

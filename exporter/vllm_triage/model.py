@@ -191,6 +191,7 @@ class Verdict:
     stale: tuple[str, ...] = ()  # inputs judged on readings of a source that is failing (< stale_after)
     suppressed_by: str | None = None  # another condition explains this one's evidence
     role: str = ""  # primary | secondary (active verdicts): which story the report leads with
+    advice: tuple[str, ...] = ()  # values computed from the observed workload, with their arithmetic
 
     @property
     def active(self) -> bool:
@@ -221,6 +222,8 @@ class Verdict:
             record["role"] = self.role
         if self.causes:
             record["cause"] = self.cause
+        if self.advice:
+            record["advice"] = list(self.advice)
         return record
 
 

@@ -48,6 +48,9 @@ def format_report(snapshot: Snapshot, target: str) -> str:
             lines.append("    evidence:")
             lines.extend(f"      - {e.text}" + (f" [{e.scope}]" if e.scope and len(v.scopes) > 1 else "") for e in v.evidence)
             lines.extend(f"      - stale: {note}" for note in v.stale)
+            if v.advice:
+                lines.append("    advice (computed from what was observed):")
+                lines.extend(f"      - {text}" for text in v.advice)
             lines.append("    next actions:")
             lines.extend(f"      - {action}" for action in v.next_actions)
     else:

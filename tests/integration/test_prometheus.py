@@ -15,7 +15,8 @@ from tests.support.components import FAST_CADENCE, FAST_CONDITIONS, REPO, start_
 pytestmark = pytest.mark.integration
 
 SIDECAR_CONFIG = FAST_CADENCE + FAST_CONDITIONS
-GPU_CAPTURE = REPO / "tests" / "data" / "gpu-h200-live.jsonl.gz"
+# a real vLLM on the H200 with all four sources and --enable-mfu-metrics: the efficiency panels have data too
+GPU_CAPTURE = REPO / "tests" / "data" / "real-vllm-h200-efficiency_wedge.jsonl.gz"
 # Grafana's "All" (the variables' allValue), then one model, engine and namespace picked as a person would:
 # each panel must show data either way (a filter on a label its series lack blanks it only in the second).
 ALL = {"$cluster": ".*", "$namespace": ".*", "$pod": ".*", "$model": ".*", "$engine": ".*", "$__rate_interval": "20s"}

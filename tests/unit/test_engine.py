@@ -347,3 +347,33 @@ def test_queue_backlogs_cause_comes_from_vllms_reason_where_it_says_one():
     assert backlog_cause(deferred=5) == "deferred"  # LoRA budget, KV transfer: no capacity fix applies
     assert backlog_cause(deferred=0) == "kv_capacity"  # waiting for capacity: inferred as before
     assert backlog_cause(deferred=None) == "kv_capacity"  # vLLM before 0.26 says no reason
+
+
+def spec_decode_run(accepted_per_draft: float, drafts_per_second: float = 20.0):
+    """Pages of an engine speculating 4 tokens per draft, `accepted_per_draft` of them accepted on average."""
+    eng, store, c = engine({"spec_decode_ineffective": {"for_seconds": 0}}), Store(120), Counters()
+    snapshot = None
+    for t in range(0, 40, 2):
+        c.finished += 1
+        c.generation_tokens += 64
+        drafts = drafts_per_second * t
+        labels = 'engine="0",model_name="m"'
+        text = page(4, 0, 0.3, c) + (
+            f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts}\n"
+            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {4 * drafts}\n"
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted_per_draft * drafts}\n"
+        )
+        store.add(reading(float(t), text))
+        snapshot = evaluate(eng, store, float(t))
+    assert snapshot is not None
+    return verdict(snapshot, "spec_decode_ineffective"), snapshot.signals["m/0"]
+
+
+def test_speculative_decoding_whose_drafts_are_rejected_is_ineffective():
+    rejected, signals = spec_decode_run(accepted_per_draft=0.4)  # 10 % of 4 drafted tokens
+    assert rejected.state == "active" and signals["spec_decode_acceptance_ratio"] == 0.1
+    assert any("yields 1.40 tokens" in e.text for e in rejected.evidence)
+    accepted, _ = spec_decode_run(accepted_per_draft=2.8)  # 70 %: it pays
+    assert accepted.state == "inactive"
+    off = verdict(Scenario(engine()).run(40, running=4), "spec_decode_ineffective")
+    assert off.state == "inactive" and any("speculative decoding is off" in e.text for e in off.evidence)

@@ -421,3 +421,20 @@ def test_no_gpu_file_when_the_gpus_are_listed_or_the_view_is_off(gpu, tmp_path):
     by_name = containers(one(objects, "Deployment"))
     assert by_name["vllm"]["command"] == ["vllm", "serve"]
     assert sidecar_config(by_name["vllm-triage"], objects, tmp_path).gpus_file is None
+
+
+def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():
+    assert not [o for o in render() if o["kind"] == "ScaledObject"]  # off by default
+    objects = render({"autoscaling": {"keda": {"enabled": True, "prometheusUrl": "http://prometheus.monitoring:9090", "maxReplicas": 6}}})
+    scaled = one(objects, "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == one(objects, "Deployment")["metadata"]["name"]
+    assert "replicas" not in one(objects, "Deployment")["spec"] and one(render(), "Deployment")["spec"]["replicas"] == 1  # the HPA owns it
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (1, 6)
+    assert scaled["spec"]["cooldownPeriod"] >= 300  # a model loads for minutes: no flapping scale-down
+    (trigger,) = scaled["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    # the query reads a family the sidecar exports, from the sidecar's job, in this release's pods
+    golden = (Path(__file__).resolve().parents[1] / "data" / "exposition.golden.txt").read_text()
+    assert re.search(r"^# TYPE vllm_triage_vllm_headroom_ratio gauge$", golden, re.MULTILINE)
+    assert "vllm_triage_vllm_headroom_ratio{" in query and 'job="vllm-triage"' in query and 'namespace="inference"' in query
+    assert float(trigger["metadata"]["threshold"]) == 0.8 and trigger["metricType"] == "AverageValue"

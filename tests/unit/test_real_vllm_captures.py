@@ -236,3 +236,20 @@ def test_model_flops_and_bandwidth_utilization_on_the_h200_against_its_roofline(
     # decode's bytes by vLLM's estimate agree with the DRAM bandwidth GPM measured, within 0.05 of the peak
     assert all(abs(s["model_bandwidth_utilization_ratio"] - s["gpu_dram_bandwidth_utilization_ratio_mean"]) < 0.05 for s in decode), decode
     assert snapshots[-1].discovery["gpu_peak"]["model"] == "H200"
+
+
+def test_saturation_advice_carries_its_numbers(tmp_path):
+    """The demo's saturation (48 blocks of 16, max_num_seqs 32, 40-word prompts and 160 tokens out): the advice
+    is a --max-num-seqs whose requests fit the blocks, replicas for the demand, and no GPU-memory advice where
+    NVML's view misses vLLM's own allocation (2 % used under a vLLM reserving 50 % on this H200)."""
+    _, phases = capture("serving")
+    steady = in_phase(replayed("serving", short_settings(tmp_path)), phases, "kv_saturation", settle=24)
+    for snapshot in steady:
+        values, kv = snapshot.signals["tiny/0"], verdict(snapshot, "kv_cache_saturated")
+        fit = values["kv_requests_that_fit"]
+        blocks_each = -(-(values["prompt_tokens_mean"] + values["generation_tokens_mean"]) // values["block_size_tokens"])
+        assert 1 <= fit < 32 and fit * blocks_each <= 47 < (fit + 1) * blocks_each, values
+        assert any(a.startswith(f"--max-num-seqs {fit:.0f}:") and "768 KV tokens" in a for a in kv.advice), kv.advice
+        assert any("replicas of this size" in a for a in kv.advice)
+        assert not any("--gpu-memory-utilization" in a for a in kv.advice)
+        assert any("no --gpu-memory-utilization advice" in e.text for e in kv.evidence)

@@ -7,6 +7,7 @@ config file overrides per condition.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -127,7 +128,46 @@ def _kv_cache_saturated(j: Judge) -> Term:
         j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
         j.compare("preemptions_per_second", ">", "preemptions_per_second_min", "preemptions per second"),
     )
-    return all_of(usage, pressure)
+    verdict = all_of(usage, pressure)
+    if verdict.holds:
+        _advise_capacity(j)
+    return verdict
+
+
+def _advise_capacity(j: Judge) -> None:
+    """The flag values the observed workload asks for, with their arithmetic: how many requests of the observed
+    length the KV cache holds (--max-num-seqs), how many replicas hold the observed demand, and how much
+    GPU memory NVML still sees free (--gpu-memory-utilization)."""
+    s = j.signals
+    fit, prompt, output = s.get("kv_requests_that_fit"), s.get("prompt_tokens_mean"), s.get("generation_tokens_mean")
+    capacity, block, max_seqs = s.get("kv_capacity_tokens"), s.get("block_size_tokens"), s.get("max_num_seqs")
+    running, waiting = s.get("requests_running_mean"), s.get("requests_waiting_mean")
+    if fit is not None and fit >= 1 and prompt is not None and output is not None and capacity is not None:
+        per_request = f"{math.ceil((prompt + output) / block):.0f} blocks of {block:.0f}" if block else f"{prompt + output:.0f} tokens"
+        if max_seqs is not None and fit < max_seqs:
+            j.advise(
+                f"--max-num-seqs {fit:.0f}: the cache's {capacity:.0f} KV tokens hold {fit:.0f} requests of {prompt:.0f} prompt + "
+                f"{output:.0f} output tokens ({per_request} each); with max_num_seqs {max_seqs:.0f} more are admitted than fit, "
+                "and they are preempted and recomputed. At that cap none is preempted and the rest wait in the queue; fewer run "
+                "at once, so compare tokens/s after the change (more KV, below, keeps both)."
+            )
+        if running is not None and waiting is not None and running + waiting > fit:
+            replicas = math.ceil((running + waiting) / fit)
+            j.advise(
+                f"{replicas} replicas of this size hold the observed demand at once: {running:.1f} running + {waiting:.1f} waiting = "
+                f"{running + waiting:.1f} requests in the system, {fit:.0f} fit in one replica's KV cache."
+            )
+    free, utilization = s.get("gpu_memory_free_ratio"), s.get("gpu_memory_utilization")
+    if free is not None and utilization is not None and 1.0 - free < utilization - 0.02:
+        # On the H200 lent here NVML read 2 % used under a vLLM holding 50 %: a view that misses vLLM's own
+        # allocation says nothing about what is free beside it.
+        j.note(f"no --gpu-memory-utilization advice: NVML reads {1 - free:.0%} used, less than the {utilization:.0%} vLLM reserves")
+    elif free is not None and utilization is not None and free > 0.1:
+        target = min(0.95, utilization + free - 0.05)
+        j.advise(
+            f"--gpu-memory-utilization {target:.2f} (now {utilization:.2f}): NVML shows {free:.0%} of the GPU's memory free; leaving 5 % "
+            "spare, the rest goes to the KV cache (check that nothing else uses this GPU)."
+        )
 
 
 def _full_within_a_block(j: Judge, threshold: str) -> float | None:
@@ -172,9 +212,13 @@ def _queue_backlog(j: Judge) -> Term:
                 "kv_cache_usage_ratio_mean",
                 usage,
             )
+            _advise_capacity(j)
         elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
             j.cause = "concurrency_cap"
             j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
+            fit = j.signals.get("kv_requests_that_fit")
+            if fit is not None and fit > max_seqs:
+                j.advise(f"--max-num-seqs {fit:.0f}: the KV cache holds {fit:.0f} requests of the observed length, the cap admits {max_seqs:.0f}.")
         elif (core := j.signals.get("host_engine_core_busiest_thread_cpu_ratio")) is not None and core >= j.thresholds["scheduler_thread_min"]:
             j.cause = "scheduler_bound"
             j.note(f"cause scheduler_bound: the engine core's busiest thread uses {core:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", core)
@@ -283,6 +327,19 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
     if j.signals.get("prompt_tokens_cached_ratio") is not None:  # token-level, local and external caches (vLLM 0.11+)
         return j.compare("prompt_tokens_cached_ratio", "<", "hit_ratio_max", "share of prompt tokens served from a cache", upper=1.0)
     return j.compare("prefix_cache_hit_ratio", "<", "hit_ratio_max", "prefix-cache hit ratio", upper=1.0)
+
+
+def _spec_decode_ineffective(j: Judge) -> Term:
+    if j.signals.get("spec_decode_drafts_per_second") is None:
+        return j.fact(False, "speculative decoding is off (vLLM exports no draft counters)", "spec_decode_drafts_per_second")
+    drafting = j.compare("spec_decode_drafts_per_second", ">", "drafts_per_second_min", "drafts proposed per second")
+    if drafting.holds is not True:
+        return drafting
+    low = j.compare("spec_decode_acceptance_ratio", "<", "acceptance_ratio_max", "accepted / proposed draft tokens", upper=1.0)
+    yielded = j.signals.get("spec_decode_tokens_per_draft")
+    if yielded is not None:
+        j.note(f"each verification step yields {yielded:.2f} tokens (1 is what decoding without a draft gives)", "spec_decode_tokens_per_draft", yielded)
+    return low
 
 
 def _kv_fragmentation_suspected(j: Judge) -> Term:
@@ -403,6 +460,17 @@ def _gpu_starved(j: Judge) -> Term:
     return verdict
 
 
+# What _advise_capacity reads beside a condition's own evidence.
+_ADVICE_READS = (
+    "kv_requests_that_fit",
+    "prompt_tokens_mean",
+    "generation_tokens_mean",
+    "kv_capacity_tokens",
+    "block_size_tokens",
+    "gpu_memory_free_ratio",
+    "gpu_memory_utilization",
+)
+
 _CAPACITY_ACTIONS = (
     "Capacity is the limit: lower --max-num-seqs or --max-num-batched-tokens.",
     "Raise --gpu-memory-utilization if GPU memory allows; use an fp8 KV cache (--kv-cache-dtype fp8).",
@@ -490,6 +558,9 @@ CONDITIONS: tuple[Condition, ...] = (
             "requests_waiting_mean",
             "preemptions_per_second",
             "kv_cache_one_block_below_full_ratio",
+            "max_num_seqs",
+            "requests_running_mean",
+            *_ADVICE_READS,
         ),
         dont=(
             "Do not judge by GPU memory used: vLLM preallocates gpu_memory_utilization of the card at start. KV usage is the signal.",
@@ -528,6 +599,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "kv_cache_one_block_below_full_ratio",
             "max_num_seqs",
             "host_engine_core_busiest_thread_cpu_ratio",
+            *_ADVICE_READS,
         ),
         dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
         thresholds=(
@@ -696,6 +768,33 @@ CONDITIONS: tuple[Condition, ...] = (
         for_seconds=120,
         clear_seconds=120,
         causes=("live_tokens", "block_waste"),
+    ),
+)
+
+CONDITIONS = (
+    *CONDITIONS,
+    Condition(
+        id="spec_decode_ineffective",
+        layer="1",
+        severity="info",
+        summary="Speculative decoding's drafts are mostly rejected: it costs more than it saves",
+        meaning=(
+            "Each draft costs a pass of the draft model and a verification of all its tokens by the target model; when few "
+            "draft tokens are accepted, decoding is slower than without speculation (higher inter-token latency, less throughput)."
+        ),
+        next_actions=(
+            "Lower num_speculative_tokens in --speculative-config (fewer wasted tokens per draft).",
+            "Use a draft aligned with the target (same family, distilled; EAGLE heads trained for it); n-gram drafts only for repetitive text.",
+            "Compare inter-token latency with speculative decoding off for this traffic; keep it only where acceptance is high.",
+        ),
+        predicate=_spec_decode_ineffective,
+        reads=("spec_decode_acceptance_ratio", "spec_decode_drafts_per_second", "spec_decode_tokens_per_draft"),
+        thresholds=(
+            Threshold("drafts_per_second_min", 0.1, "drafts proposed per second above this (speculation in use)"),
+            Threshold("acceptance_ratio_max", 0.3, "accepted / proposed draft tokens below this", 0.0, 1.0),
+        ),
+        for_seconds=120,
+        clear_seconds=120,
     ),
 )
 
@@ -880,6 +979,7 @@ PRECEDENCE: tuple[str, ...] = (
     "memory_bandwidth_bound",
     "compute_bound",
     "client_underload",
+    "spec_decode_ineffective",
     "prefix_cache_ineffective",
 )
 # condition -> (conditions whose holding explains its evidence, why): it does not hold then.

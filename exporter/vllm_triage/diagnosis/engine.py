@@ -117,6 +117,7 @@ class _Outcome:
     scopes: list[str] = field(default_factory=list)
     contradicted: str | None = None  # why the condition's opposite clearly holds (clears at once)
     suppressed_by: str | None = None  # the condition whose story explains this one's evidence
+    advice: list[str] = field(default_factory=list)
 
 
 # Conditions whose evidence must say where max_num_seqs came from: those that read it.
@@ -193,6 +194,7 @@ class Engine:
                     held=debounce.held,
                     stale=stale,
                     suppressed_by=outcome.suppressed_by,
+                    advice=tuple(outcome.advice),
                 )
             )
         verdicts = rank(verdicts)
@@ -286,7 +288,8 @@ class Engine:
             contradicted = next((why for scope in scopes if (why := condition.contradicted(per_scope[scope])) is not None), None)
             if contradicted:
                 evidence.append(Evidence("", None, None, "", False, f"cleared at once: {contradicted}", ""))
-        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding], contradicted)
+        advice = [f"{text} [{scope}]" if len(scopes) > 1 else text for scope, _, judge in holding for text in judge.advice]
+        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding], contradicted, advice=advice)
 
 
 def _suppress(outcomes: dict[str, _Outcome]) -> None:
@@ -297,7 +300,7 @@ def _suppress(outcomes: dict[str, _Outcome]) -> None:
             continue
         for other, why in SUPPRESSED_BY.get(condition_id, ()):
             if other in outcomes and outcomes[other].raw:
-                outcome.raw, outcome.suppressed_by, outcome.scopes = False, other, []
+                outcome.raw, outcome.suppressed_by, outcome.scopes, outcome.advice = False, other, [], []
                 outcome.evidence.append(Evidence("", None, None, "", False, f"suppressed by {other}: {why}", ""))
                 break
 

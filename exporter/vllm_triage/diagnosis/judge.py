@@ -68,6 +68,7 @@ class Judge:
         self.evidence: list[Evidence] = []
         self.missing: list[str] = []
         self.cause: str | None = None
+        self.advice: list[str] = []  # flag values computed from the observed workload, with their arithmetic
 
     def value(self, signal: str) -> float | None:
         value = self.signals.get(signal)
@@ -103,6 +104,10 @@ class Judge:
     def note(self, text: str, signal: str = "", value: float | None = None) -> None:
         """Context a person needs that is not itself a test (the cause, a derived figure)."""
         self.evidence.append(Evidence(signal, value, None, "", None, text, self.scope))
+
+    def advise(self, text: str) -> None:
+        """A value to set, computed from what was observed, with the arithmetic that gives it."""
+        self.advice.append(text)
 
     def fact(self, holds: bool | None, text: str, signal: str = "", value: float | None = None) -> Term:
         """A yes/no input that has no threshold (e.g. prefix caching is on)."""

@@ -52,6 +52,16 @@ def _gpu_stat(metric: str, stat: str) -> Callable[[SignalContext], float | None]
     return compute
 
 
+def _memory_free_ratio(ctx: SignalContext) -> float | None:
+    """The least free share of a GPU's memory among the scope's GPUs, in the newest reading that has it."""
+    for frame in reversed(ctx.view.frames):
+        total = {label_value(s.labels, "gpu"): s.value for s in frame.series("gpu_memory_total_bytes", ctx.scope)}
+        ratios = [1.0 - s.value / t for s in frame.series("gpu_memory_used_bytes", ctx.scope) if (t := total.get(label_value(s.labels, "gpu"))) and t > 0]
+        if ratios:
+            return min(ratios)
+    return None
+
+
 def _sm_activity(ctx: SignalContext) -> float | None:
     """SM active from GPM when present; util.gpu otherwise (gpu_sm_activity_from_gpm says which)."""
     gpm = ctx.values.get("gpu_sm_active_ratio_mean")
@@ -126,6 +136,12 @@ def _gpu_stats(metric: str, family: str, what: str, stats: tuple[str, ...] = ("m
 
 
 GPU_SIGNALS: tuple[SignalDef, ...] = (
+    SignalDef(
+        "gpu_memory_free_ratio",
+        "memory_free_ratio",
+        "Free share of the GPU's memory (NVML), newest reading; the least free GPU for the aggregate.",
+        _memory_free_ratio,
+    ),
     *_gpu_stats("gpu_utilization_ratio", "utilization_ratio", "util.gpu: share of time a kernel ran (0..1)", ("mean", "min", "max", "cv")),
     *_gpu_stats("gpu_sm_active_ratio", "sm_active_ratio", "GPM SM activity (0..1)", ("mean",)),
     *_gpu_stats("gpu_sm_occupancy_ratio", "sm_occupancy_ratio", "GPM SM occupancy (0..1)", ("mean",)),

@@ -4,6 +4,7 @@ model_name); the aggregate is shown in /diagnosis."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..model import HISTOGRAM_SUFFIXES, Labels
@@ -97,6 +98,23 @@ def _waiting_for(reason: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
+
+
+def _spec_acceptance(ctx: SignalContext) -> float | None:
+    return safe_ratio(ctx.view.increase(SPEC_ACCEPTED, ctx.scope), ctx.view.increase(SPEC_DRAFT_TOKENS, ctx.scope))
+
+
+def _spec_tokens_per_draft(ctx: SignalContext) -> float | None:
+    """Tokens each verification step yields: the accepted draft tokens plus the one the target model adds."""
+    accepted = safe_ratio(ctx.view.increase(SPEC_ACCEPTED, ctx.scope), ctx.view.increase(SPEC_DRAFTS, ctx.scope))
+    return None if accepted is None else 1.0 + accepted
+
+
 def _preempted_per_finished(ctx: SignalContext) -> float | None:
     # Counted against at least one request: preemptions while nothing finishes is a storm too.
     preemptions = ctx.view.increase("vllm:num_preemptions_total", ctx.scope)
@@ -181,6 +199,47 @@ def _kv_live_token_ratio(ctx: SignalContext) -> float | None:
     # apart): it can read above 1 (1.06-1.25 on a real H200 engine), which is no news: capped at 1.
     ratio = safe_ratio(running * (prompt + generated / 2), usage * capacity)
     return None if ratio is None else min(ratio, 1.0)
+
+
+def _float_label(labels: dict[str, str] | None, key: str) -> float | None:
+    try:
+        return float(labels[key]) if labels else None
+    except (KeyError, ValueError):
+        return None
+
+
+def _gpu_memory_utilization(ctx: SignalContext) -> float | None:
+    return _float_label(_cache_config(ctx), "gpu_memory_utilization")
+
+
+def _kv_bytes_per_token(ctx: SignalContext) -> float | None:
+    labels = _cache_config(ctx)
+    return safe_ratio(_float_label(labels, "kv_cache_memory_bytes"), _float_label(labels, "kv_cache_size_tokens"))
+
+
+def _requests_that_fit(ctx: SignalContext) -> float | None:
+    """Requests of the observed mean length (prompt + output, from the finished ones) whose KV blocks fit in
+    the cache at once: usable blocks / blocks per request (by tokens where the block count is unknown)."""
+    v = ctx.values
+    prompt, generated, capacity, block = v.get("prompt_tokens_mean"), v.get("generation_tokens_mean"), v.get("kv_capacity_tokens"), v.get("block_size_tokens")
+    if prompt is None or generated is None or capacity is None or prompt + generated <= 0:
+        return None
+    blocks = _int_label(_cache_config(ctx), "num_gpu_blocks")
+    if blocks is not None and block:
+        return float((int(blocks) - 1) // math.ceil((prompt + generated) / block))  # vLLM keeps one null block
+    return float(int(capacity // (prompt + generated)))
+
+
+def _headroom(ctx: SignalContext) -> float | None:
+    """How much more load the server takes, 0..1: 0 while requests wait (it is saturated whatever else
+    says); else the smaller of the KV cache's free share and the free share of max_num_seqs (window means)."""
+    v = ctx.values
+    waiting, usage, running = v.get("requests_waiting_mean"), v.get("kv_cache_usage_ratio_mean"), v.get("running_to_max_num_seqs_ratio")
+    if waiting is None or usage is None:
+        return None
+    if waiting > 0:
+        return 0.0
+    return max(0.0, min(1.0 - usage, 1.0 - running if running is not None else 1.0))
 
 
 def _kv_last_block_waste_ratio(ctx: SignalContext) -> float | None:
@@ -376,6 +435,24 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         (("reason", "deferred"),),
     ),
     SignalDef(
+        "spec_decode_drafts_per_second",
+        "spec_decode_drafts_per_second",
+        "Speculative-decoding drafts proposed per second (vllm:spec_decode_num_drafts_total, where speculative decoding is on).",
+        _rate(SPEC_DRAFTS),
+    ),
+    SignalDef(
+        "spec_decode_acceptance_ratio",
+        "spec_decode_acceptance_ratio",
+        "Accepted / proposed draft tokens over the window.",
+        _spec_acceptance,
+    ),
+    SignalDef(
+        "spec_decode_tokens_per_draft",
+        "spec_decode_tokens_per_draft",
+        "Tokens each verification step yields (1 + accepted draft tokens per draft).",
+        _spec_tokens_per_draft,
+    ),
+    SignalDef(
         "prefix_cache_queries_per_second",
         "prefix_cache_queries_per_second",
         "Prefix cache queries per second (tokens; blocks on old versions).",
@@ -475,12 +552,37 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "Model FLOP/s / the roofline's ceiling at the work's intensity: 1 = at the roof.",
         _roofline_attainment,
     ),
+    SignalDef(
+        "kv_requests_that_fit",
+        "kv_requests_that_fit",
+        "Requests of the observed mean length (prompt + output) whose KV blocks fit in the cache at once.",
+        _requests_that_fit,
+    ),
+    SignalDef(
+        "gpu_memory_utilization",
+        "gpu_memory_utilization",
+        "vLLM's --gpu-memory-utilization in force (cache_config_info).",
+        _gpu_memory_utilization,
+    ),
+    SignalDef(
+        "kv_bytes_per_token",
+        "kv_bytes_per_token",
+        "KV cache bytes per token (cache_config_info: kv_cache_memory_bytes / kv_cache_size_tokens, where vLLM exports both).",
+        _kv_bytes_per_token,
+    ),
     SignalDef("max_num_seqs", "max_num_seqs", "max_num_seqs in force (config, vLLM command line or vLLM default).", _max_num_seqs),
     SignalDef(
         "running_to_max_num_seqs_ratio",
         "running_to_max_num_seqs_ratio",
         "Mean running requests / max_num_seqs.",
         _running_to_max,
+    ),
+    SignalDef(
+        "headroom_ratio",
+        "headroom_ratio",
+        "Load the server can still take (0 = saturated: requests wait; else the smaller free share of the KV cache and of "
+        "max_num_seqs), window means: the autoscaling signal (the chart's KEDA ScaledObject scales on 1 - this).",
+        _headroom,
     ),
 )
 
@@ -507,6 +609,9 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:prefix_cache_hits_total",
         "vllm:request_decode_time_seconds_sum",
         "vllm:prompt_tokens_cached_total",
+        SPEC_DRAFTS,
+        SPEC_DRAFT_TOKENS,
+        SPEC_ACCEPTED,
         "vllm:num_requests_waiting_by_reason",
         FLOPS,
         *BYTES,
