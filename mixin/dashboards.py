@@ -179,24 +179,6 @@ def _dashboard(uid: str, title: str, layout: _Layout, description: str) -> dict[
 
 def overview() -> dict[str, Any]:
     lay = _Layout()
-    lay.row("Diagnosis: which condition was active when")
-    lay.add(
-        state_timeline(
-            "Verdict timeline",
-            f"max by (condition) (vllm_triage_condition_active{{{SIDECAR}}})",
-            "{{condition}}",
-            "Each condition's debounced state. /diagnosis on the sidecar has the evidence and next actions.",
-        ),
-        width=16,
-        height=10,
-    )
-    lay.add(
-        timeseries(
-            "Condition scores (0.5 = at threshold)", [(f"max by (condition) (vllm_triage_condition_score{{{SIDECAR}}}) > 0", "{{condition}}")], max_value=1
-        ),
-        width=8,
-        height=10,
-    )
     lay.row("Efficiency: how far from the GPU's ceiling (vLLM's --enable-mfu-metrics over the GPU's peaks, beside what GPM measured)")
     lay.add(
         timeseries(
@@ -236,6 +218,24 @@ def overview() -> dict[str, Any]:
             unit="s",
             description="A hung engine core: requests pending and no token (engine_wedged). vLLM's own /health still answers 200 then.",
         )
+    )
+    lay.row("Diagnosis: which condition was active when")
+    lay.add(
+        state_timeline(
+            "Verdict timeline",
+            f"max by (condition) (vllm_triage_condition_active{{{SIDECAR}}})",
+            "{{condition}}",
+            "Each condition's debounced state. /diagnosis on the sidecar has the evidence and next actions.",
+        ),
+        width=16,
+        height=10,
+    )
+    lay.add(
+        timeseries(
+            "Condition scores (0.5 = at threshold)", [(f"max by (condition) (vllm_triage_condition_score{{{SIDECAR}}}) > 0", "{{condition}}")], max_value=1
+        ),
+        width=8,
+        height=10,
     )
     lay.row("Layer 1: vLLM load and latency")
     lay.add(

@@ -83,6 +83,12 @@ def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vl
         assert causes["kv_capacity"] == 1.0
         kv = sidecar.condition("kv_cache_saturated")
         assert kv["scopes"] == ["tiny/0"]
+        advised = lambda: any(a.startswith("--max-num-seqs ") for a in sidecar.condition("kv_cache_saturated").get("advice", []))  # noqa: E731
+        sidecar.wait_for(advised, 30, "a --max-num-seqs advice with the saturation")
+        # vLLM 0.32 says why requests wait (all for capacity here) and how many prompt tokens a cache served
+        values = sidecar.diagnosis()["signals"]["tiny/0"]
+        assert values["requests_waiting_capacity_mean"] > 0 and values["requests_waiting_deferred_mean"] == 0, values
+        assert values["prompt_tokens_cached_ratio"] is not None
         assert any(e["signal"] == "kv_cache_usage_ratio_mean" and e["holds"] and e["value"] >= 0.8 for e in kv["evidence"])
         assert sidecar.active()["client_underload"] == 0.0
         sidecar.wait_for(lambda: sidecar.active()["preemption_storm"] == 1.0, 30, "preemption_storm active")  # fails the test if never

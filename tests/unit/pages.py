@@ -25,6 +25,8 @@ class Counters:
     generation_tokens: float = 0.0
     ttft: list[float] = field(default_factory=list)  # every observation so far
     prefill: list[float] = field(default_factory=list)  # request prefill times so far (the histogram appears with the first)
+    itl: list[float] = field(default_factory=list)  # inter-token latencies so far (likewise)
+    prompt_lengths: list[float] = field(default_factory=list)  # prompt tokens of finished requests (likewise)
 
 
 def page(
@@ -66,6 +68,10 @@ def page(
         lines.append(f'vllm:num_requests_waiting_by_reason{{{labels},reason="deferred"}} {deferred}')
     if c.prefill:
         lines += _histogram("vllm:request_prefill_time_seconds", labels, c.prefill, PREFILL_BOUNDS)
+    if c.itl:
+        lines += _histogram("vllm:inter_token_latency_seconds", labels, c.itl, TTFT_BOUNDS)
+    if c.prompt_lengths:
+        lines += _histogram("vllm:request_prompt_tokens", labels, c.prompt_lengths, (100.0, 1000.0, 10000.0))
     if not v0:
         lines.append("# TYPE vllm:cache_config_info gauge")
         lines.append(f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="{engine}",num_gpu_blocks="{blocks}"}} 1.0')

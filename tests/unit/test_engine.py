@@ -377,3 +377,25 @@ def test_speculative_decoding_whose_drafts_are_rejected_is_ineffective():
     assert accepted.state == "inactive"
     off = verdict(Scenario(engine()).run(40, running=4), "spec_decode_ineffective")
     assert off.state == "inactive" and any("speculative decoding is off" in e.text for e in off.evidence)
+
+
+def test_high_itl_from_prefill_chunks_advises_a_max_num_batched_tokens_within_the_slo():
+    # decode steps of 30 ms, every 10th step carries a prefill chunk (400 ms); prompts of 2000 tokens prefill in 0.5 s
+    eng, store, c = engine({"itl_high": {"for_seconds": 0}}), Store(120), Counters()
+    snapshot = None
+    for t in range(0, 40, 2):
+        c.generation_tokens += 400
+        c.itl += [0.03] * 90 + [0.4] * 10
+        c.prefill += [0.5] * 4
+        c.prompt_lengths += [2000.0] * 4
+        store.add(reading(float(t), page(8, 0, 0.5, c)))
+        snapshot = evaluate(eng, store, float(t))
+    assert snapshot is not None
+    v, values = verdict(snapshot, "itl_high"), snapshot.signals["m/0"]
+    assert v.state == "active", [e.text for e in v.evidence]
+    (advice,) = v.advice
+    chunk = int(advice.split()[1].rstrip(":"))
+    per_token = values["prefill_time_seconds_mean"] / values["prompt_tokens_mean"]
+    # the largest multiple of 256 whose chunk keeps a step (the ITL median + the chunk's prefill) within 100 ms
+    assert chunk % 256 == 0 and values["inter_token_latency_seconds_p50"] + chunk * per_token <= 0.1
+    assert values["inter_token_latency_seconds_p50"] + (chunk + 256) * per_token > 0.1

@@ -301,7 +301,32 @@ def _itl_high(j: Judge) -> Term:
     seen = _with_observations(j, "inter_token_latency_seconds_observations", "inter-token latencies")
     if seen is not True:
         return Term(seen, 0.0)
-    return j.compare("inter_token_latency_seconds_p95", ">", "itl_p95_max_seconds", "inter-token latency p95", " s")
+    high = j.compare("inter_token_latency_seconds_p95", ">", "itl_p95_max_seconds", "inter-token latency p95", " s")
+    if high.holds:
+        _advise_batched_tokens(j)
+    return high
+
+
+# vLLM schedules prefill in chunks of at most --max-num-batched-tokens per step, beside the decodes.
+BATCHED_TOKENS_STEP = 256
+
+
+def _advise_batched_tokens(j: Judge) -> None:
+    """The --max-num-batched-tokens that keeps a step with a prefill chunk within the ITL SLO: decode steps take
+    the ITL's median, and a chunk adds its tokens x the prefill time per prompt token observed."""
+    s = j.signals
+    median, prefill, prompt = s.get("inter_token_latency_seconds_p50"), s.get("prefill_time_seconds_mean"), s.get("prompt_tokens_mean")
+    slo = j.thresholds["itl_p95_max_seconds"]
+    if median is None or prefill is None or not prompt or median >= slo:
+        return
+    per_token = prefill / prompt
+    chunk = int((slo - median) / per_token) // BATCHED_TOKENS_STEP * BATCHED_TOKENS_STEP
+    if chunk >= BATCHED_TOKENS_STEP:
+        j.advise(
+            f"--max-num-batched-tokens {chunk}: decode steps take {median * 1000:.0f} ms (ITL p50) and prefill costs "
+            f"{per_token * 1e6:.0f} us per prompt token ({prefill:.3f} s for {prompt:.0f} tokens on average), so a chunk of "
+            f"{chunk} tokens keeps a step within the {slo * 1000:.0f} ms SLO; longer prompts then take more steps to start."
+        )
 
 
 def _request_errors(j: Judge) -> Term:
@@ -324,6 +349,9 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
     ever = j.value("prefix_cache_hits_since_start")
     if ever is not None and ever <= 0:
         return j.fact(False, "no prompt has reused a cached prefix since vLLM started: expected for unique prompts", "prefix_cache_hits_since_start", ever)
+    external = j.signals.get("external_prefix_cache_hit_ratio")
+    if external is not None:
+        j.note(f"the external prefix cache (KV connector) hit {external:.0%} of its queries", "external_prefix_cache_hit_ratio", external)
     if j.signals.get("prompt_tokens_cached_ratio") is not None:  # token-level, local and external caches (vLLM 0.11+)
         return j.compare("prompt_tokens_cached_ratio", "<", "hit_ratio_max", "share of prompt tokens served from a cache", upper=1.0)
     return j.compare("prefix_cache_hit_ratio", "<", "hit_ratio_max", "prefix-cache hit ratio", upper=1.0)
@@ -698,7 +726,13 @@ CONDITIONS: tuple[Condition, ...] = (
             "Lower --max-num-seqs to trade throughput for latency.",
         ),
         predicate=_itl_high,
-        reads=("inter_token_latency_seconds_p95", "inter_token_latency_seconds_observations"),
+        reads=(
+            "inter_token_latency_seconds_p95",
+            "inter_token_latency_seconds_observations",
+            "inter_token_latency_seconds_p50",
+            "prefill_time_seconds_mean",
+            "prompt_tokens_mean",
+        ),
         dont=("Worker CPU near 100 % is not a CPU bottleneck: workers spin while they wait on the GPU.",),
         thresholds=(Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),),
     ),
@@ -729,6 +763,7 @@ CONDITIONS: tuple[Condition, ...] = (
         reads=(
             "prompt_tokens_cached_ratio",
             "prefix_cache_hit_ratio",
+            "external_prefix_cache_hit_ratio",
             "prefix_cache_queries_per_second",
             "prefix_caching_enabled",
             "prefix_cache_hits_since_start",

@@ -84,6 +84,10 @@ def _prompt_tokens_cached_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase("vllm:prompt_tokens_cached_total", ctx.scope), ctx.view.increase("vllm:prompt_tokens_total", ctx.scope))
 
 
+def _hit_ratio(hits: str, queries: str) -> Callable[[SignalContext], float | None]:
+    return lambda ctx: safe_ratio(ctx.view.increase(hits, ctx.scope), ctx.view.increase(queries, ctx.scope))
+
+
 def _waiting_for(reason: str) -> Callable[[SignalContext], float | None]:
     """Mean requests waiting for one reason (vllm:num_requests_waiting_by_reason: capacity | deferred)."""
 
@@ -421,6 +425,18 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         _prompt_tokens_cached_ratio,
     ),
     SignalDef(
+        "external_prefix_cache_hit_ratio",
+        "external_prefix_cache_hit_ratio",
+        "Hits / queries (tokens) of the external prefix cache shared across instances through a KV connector.",
+        _hit_ratio("vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total"),
+    ),
+    SignalDef(
+        "mm_cache_hit_ratio",
+        "mm_cache_hit_ratio",
+        "Hits / queries (items) of the multimodal input cache.",
+        _hit_ratio("vllm:mm_cache_hits_total", "vllm:mm_cache_queries_total"),
+    ),
+    SignalDef(
         "requests_waiting_capacity_mean",
         "requests_waiting_by_reason_mean",
         "Requests waiting for scheduling capacity (KV blocks, batch slots), window mean (vLLM 0.26+).",
@@ -609,6 +625,10 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:prefix_cache_hits_total",
         "vllm:request_decode_time_seconds_sum",
         "vllm:prompt_tokens_cached_total",
+        "vllm:external_prefix_cache_hits_total",
+        "vllm:external_prefix_cache_queries_total",
+        "vllm:mm_cache_hits_total",
+        "vllm:mm_cache_queries_total",
         SPEC_DRAFTS,
         SPEC_DRAFT_TOKENS,
         SPEC_ACCEPTED,
