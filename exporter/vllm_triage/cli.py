@@ -1,10 +1,11 @@
-"""`vllm-triage serve | diagnose | record | replay`."""
+"""`vllm-triage serve | diagnose | record | replay | report | fleet | trace`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import datetime
 import json
 import logging
 import math
@@ -21,10 +22,13 @@ from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
+from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
 from .registry import SourceLoop, build_sources
 from .report import format_report, format_transition
+from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
+from .sources.vllm import redact_url
 from .webconfig import load_web_config
 
 SCRAPE_KEYS = (
@@ -74,6 +78,33 @@ def _offset(text: str) -> float:
     return value
 
 
+def _time(text: str) -> float:
+    """A point in time for --at/--from/--to with --prometheus: Unix seconds, ISO 8601 (2026-12-01T02:40:00Z) or now."""
+    if text == "now":
+        return time.time()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            moment = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected Unix seconds, an ISO 8601 time (2026-12-01T02:40:00Z) or now") from None
+        if moment.tzinfo is None:
+            raise argparse.ArgumentTypeError(f"{text!r}: give the time zone (Z or +02:00): a bare time is ambiguous at 3 a.m.") from None
+        value = moment.timestamp()
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a time")
+    return value
+
+
+def _history_flags(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--prometheus", metavar="URL", help="Judge the history a Prometheus holds instead (vLLM's series, and the sidecar's where it ran).")
+    sub.add_argument(
+        "--selector", default="", metavar="'{...}'", help='With --prometheus: label matchers that pick one server, e.g. \'{namespace="llm",pod="vllm-0"}\'.'
+    )
+    sub.add_argument("--step", type=_seconds, default=2.0, help="With --prometheus: seconds between the points read (vLLM's scrape interval). Default 2.")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-triage",
@@ -92,9 +123,14 @@ def _parser() -> argparse.ArgumentParser:
     diagnose = commands.add_parser("diagnose", help="Observe a vLLM (or a capture) and print a report an on-call engineer can act on.")
     with_config(diagnose)
     add_flags(diagnose, SCRAPE_KEYS)
-    diagnose.add_argument("--seconds", type=_seconds, default=30.0, help="How long to observe (the report's window). Default 30.")
+    diagnose.add_argument(
+        "--seconds", type=_seconds, help="How long to observe (the report's window). Default 30; with --prometheus, the history judged before --at: 600."
+    )
     diagnose.add_argument("--capture", metavar="FILE", help="Diagnose a recorded capture instead of a live vLLM ('demo': the bundled one).")
-    diagnose.add_argument("--at", type=_offset, metavar="S", help="With --capture: judge at S seconds after the capture's start (default: its end).")
+    diagnose.add_argument(
+        "--at", metavar="WHEN", help="With --capture: seconds after its start (default: its end). With --prometheus: a time (Unix, ISO 8601, now)."
+    )
+    _history_flags(diagnose)
     diagnose.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
 
     record = commands.add_parser("record", help="Write raw readings to a capture file (gzip JSON lines) for replay.")
@@ -112,8 +148,21 @@ def _parser() -> argparse.ArgumentParser:
     play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
     with_config(play)
     add_flags(play, ("tick_seconds", "window_seconds", "max_num_seqs", "log_level"))
-    play.add_argument("capture", metavar="FILE", help="Capture file ('demo': the bundled one).")
+    play.add_argument("capture", metavar="FILE", nargs="?", help="Capture file ('demo': the bundled one).")
+    _history_flags(play)
+    play.add_argument("--from", dest="start", type=_time, metavar="WHEN", help="With --prometheus: where the history starts.")
+    play.add_argument("--to", dest="end", type=_time, metavar="WHEN", help="With --prometheus: where it ends. Default now.")
     play.add_argument("--json", action="store_true", help="Print one JSON object per state change.")
+
+    fleet = commands.add_parser("fleet", help="Every vLLM a Prometheus scraped, judged on its history, by severity; replicas out of balance.")
+    with_config(fleet)
+    add_flags(fleet, ("window_seconds", "max_num_seqs", "log_level"))
+    fleet.add_argument("--prometheus", metavar="URL", required=True, help="The Prometheus that scraped them.")
+    fleet.add_argument("--selector", default="", metavar="'{...}'", help="Label matchers that pick the servers, e.g. '{namespace=\"llm\"}'.")
+    fleet.add_argument("--at", type=_time, default=None, metavar="WHEN", help="Judge at this time (Unix, ISO 8601, now). Default now.")
+    fleet.add_argument("--seconds", type=_seconds, default=600.0, help="History judged before --at, per server. Default 600.")
+    fleet.add_argument("--step", type=_seconds, default=2.0, help="Seconds between the points read. Default 2.")
+    fleet.add_argument("--json", action="store_true", help="Print JSON instead of the list.")
 
     trace = commands.add_parser("trace", help="Summarise a torch profiler trace (vLLM's profiler output, *.pt.trace.json.gz).")
     trace.add_argument("trace", metavar="PATH", nargs="+", help="Trace files (gzip or plain Chrome trace JSON) or folders of them (one per worker).")
@@ -192,7 +241,28 @@ async def observe(config: Config, seconds: float, writer: CaptureWriter | None =
     return readings
 
 
+def _history(args: argparse.Namespace, config: Config, start: float, end: float) -> tuple[list[Reading], Config]:
+    """The readings a Prometheus holds for [start, end], and the config with the max_num_seqs a sidecar exported."""
+    history = PrometheusHistory(args.prometheus, args.selector, HistoryLimits(step_seconds=args.step))
+    readings = asyncio.run(history.readings(start, end))
+    for note in history.notes:
+        print(f"vllm-triage: note: {note}", file=sys.stderr)
+    if config.max_num_seqs is None and history.max_num_seqs is not None:
+        config = dataclasses.replace(config, max_num_seqs=history.max_num_seqs)
+    return readings, config
+
+
 def _diagnose(args: argparse.Namespace, config: Config) -> int:
+    if args.prometheus:
+        at = args.at or time.time()
+        readings, config = _history(args, config, at - (args.seconds or 600.0), at)
+        snapshot = replay(readings, config, lambda _: None, until=at)
+        assert snapshot is not None
+        when = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds")
+        target = f"Prometheus {redact_url(args.prometheus)} {args.selector or '(every series)'} at {when}"
+        return _print_diagnosis(args, snapshot, target)
+    if args.seconds is None:
+        args.seconds = 30.0
     if args.capture:
         readings = list(read_readings(_capture_path(args.capture)))
         if not readings:
@@ -210,6 +280,10 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
         now = readings[-1].timestamp
         target = config.vllm_url_shown
     snapshot = judge_at(_instant(config, args.seconds), readings, now, captured=bool(args.capture))
+    return _print_diagnosis(args, snapshot, target)
+
+
+def _print_diagnosis(args: argparse.Namespace, snapshot: Snapshot, target: str) -> int:
     if args.json:
         print(diagnosis_json(snapshot).decode())
     else:
@@ -229,7 +303,16 @@ def _record(args: argparse.Namespace, config: Config) -> int:
 
 
 def _replay(args: argparse.Namespace, config: Config) -> int:
-    readings = list(read_readings(_capture_path(args.capture)))
+    if args.prometheus:
+        if args.start is None:
+            print("vllm-triage: replay --prometheus needs --from", file=sys.stderr)
+            return 2
+        readings, config = _history(args, config, args.start, args.end or time.time())
+    elif args.capture:
+        readings = list(read_readings(_capture_path(args.capture)))
+    else:
+        print("vllm-triage: replay needs a capture file or --prometheus URL --from WHEN", file=sys.stderr)
+        return 2
     if not readings:
         print(f"{args.capture}: the capture has no readings", file=sys.stderr)
         return 2
@@ -256,7 +339,13 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "diagnose":  # --at is a time with --prometheus, an offset into a capture otherwise
+        try:
+            args.at = _time(args.at) if args.prometheus and args.at else (_offset(args.at) if args.at is not None else None)
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"argument --at: {error}")
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -283,6 +372,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(args)
         if args.command == "record":
             return _record(args, config)
+        if args.command == "fleet":
+            at = args.at or time.time()
+            servers = asyncio.run(judge_fleet(args.prometheus, args.selector, at, args.seconds, config, args.step))
+            print(fleet_json(servers) if args.json else format_fleet(servers, f"Prometheus {redact_url(args.prometheus)} {args.selector}").rstrip("\n"))
+            return 0
         if args.command == "trace":
             summaries, skipped = traces.summarize_paths(args.trace, top=max(1, args.top), slices=max(1, args.slices))
             for note in skipped:
@@ -293,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("\n\n".join(traces.report(s) for s in summaries))
             return 0
         return _replay(args, config)
-    except (CaptureError, traces.TraceError) as exc:
+    except (CaptureError, traces.TraceError, HistoryError, argparse.ArgumentTypeError) as exc:
         print(f"vllm-triage: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

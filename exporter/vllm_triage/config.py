@@ -250,6 +250,18 @@ class Config:
         "A file naming the GPUs vLLM's container was given (UUIDs or indices, one per line), written by that container; read until it appears.",
         "FILE",
     )
+    gpu_source: str = option(
+        "nvml",
+        _choice("nvml", "dcgm"),
+        "Where the GPU readings come from: nvml (the sidecar reads the GPUs itself) or dcgm (the node's dcgm-exporter, at dcgm_url).",
+        "NAME",
+    )
+    dcgm_url: str | None = option(
+        None,
+        _optional(_text),
+        "dcgm-exporter's /metrics (gpu_source: dcgm), e.g. http://$(NODE_IP):9400/metrics; its GPUs of this pod (POD_NAME, POD_NAMESPACE) are read.",
+        "URL",
+    )
     gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
     # py-spy's blocking samples pause vLLM: the default duty (3 s per process every 2 minutes) is the one
     # measured under 2 % of a CPU-bound real engine's throughput (README, bench/real_engine.py gil_ab).
@@ -403,6 +415,8 @@ def load(config_file: str | None = None, env: Mapping[str, str] | None = None, f
     values = {}
     for option in OPTIONS:
         values[option.key] = option.parse(option.key, raw[option.key]) if option.key in raw else option.default
+    if values["gpu_source"] == "dcgm" and not values["dcgm_url"]:
+        raise _bad("dcgm_url", values["dcgm_url"], "gpu_source: dcgm needs dcgm-exporter's URL, e.g. http://10.0.0.5:9400/metrics")
     return Config(**values, conditions=_condition_settings(file_conditions, values["window_seconds"]))
 
 

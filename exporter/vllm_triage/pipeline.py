@@ -16,13 +16,13 @@ from .store import Store
 
 class Pipeline:
     """Readings in, Snapshots out. For live readings the sources are the configured ones; for a
-    capture's, the ones it holds (a source it lacks is "not in the capture", not "turned off")."""
+    capture's or a history's, the ones it holds (a source it lacks is "not in the recorded readings", not "turned off")."""
 
     def __init__(self, config: Config, captured: Iterable[Reading] | None = None) -> None:
         if captured is None:
             sources, absent = tuple(config.sources), "turned off (the sources setting)"
         else:
-            sources, absent = tuple(sorted({r.source for r in captured})), "not in the capture"
+            sources, absent = tuple(sorted({r.source for r in captured})), "not in the recorded readings (the capture, or Prometheus' history)"
         self.engine = Engine(
             config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after()
         )
@@ -68,9 +68,9 @@ def evaluate(engine: Engine, store: Store, now: float) -> Snapshot:
     return engine.judge(derive(store, now, engine.configured_max_num_seqs, engine.stale_after))
 
 
-def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None]) -> Snapshot | None:
-    """Run a capture's readings through a fresh pipeline on a virtual clock (see Pipeline.replay)."""
-    return Pipeline(config, readings).replay(readings, on_tick)
+def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None], until: float | None = None) -> Snapshot | None:
+    """Run a capture's (or a history's) readings through a fresh pipeline on a virtual clock (see Pipeline.replay)."""
+    return Pipeline(config, readings).replay(readings, on_tick, until)
 
 
 def judge_at(config: Config, readings: list[Reading], now: float, captured: bool) -> Snapshot:

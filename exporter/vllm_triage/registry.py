@@ -17,6 +17,7 @@ from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
 from .signals.vllm import VLLM_SAMPLES_READ, VLLM_SIGNALS
 from .signals.window import SignalDef
+from .sources.dcgm import DcgmSource
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
@@ -97,6 +98,10 @@ def _gil(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
 
 
 def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
+    if config.gpu_source == "dcgm":
+        assert config.dcgm_url is not None  # config.load requires it
+        dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock)
+        return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, dcgm.collect, dcgm.close)
     source = GpuSource(config.gpus, lambda: [pid for _, pid in _pids_by_role(latest)], config.gpm, clock, gpus_file=config.gpus_file)
 
     async def close() -> None:

@@ -142,3 +142,36 @@ def test_report_reads_a_running_sidecar_without_curl(tmp_path, capsys):
         sidecar.process.wait(timeout=30)
     assert main(["report", "--url", sidecar.url, "--timeout", "2"]) == 1
     assert f"no sidecar answers at {sidecar.url}/report" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["diagnose", "--prometheus", "http://127.0.0.1:9", "--selector", "pod=x"], "expected label matchers in braces"),
+        (["diagnose", "--prometheus", "http://127.0.0.1:9", "--at", "2026-12-01T02:40:00"], "give the time zone"),
+        (["diagnose", "--prometheus", "http://127.0.0.1:9", "--at", "yesterday"], "expected Unix seconds, an ISO 8601 time"),
+        (["diagnose", "--prometheus", "http://user:secret@127.0.0.1:9"], "did not answer"),
+        (["replay", "--prometheus", "http://127.0.0.1:9"], "needs --from"),
+        (["replay"], "needs a capture file or --prometheus"),
+    ],
+)
+def test_history_from_prometheus_names_what_is_wrong(argv, said, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as exited:  # argparse's own refusal of a flag's value
+        status = exited.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert said in err and "secret" not in err, err
+
+
+def test_fleet_names_replicas_out_of_balance():
+    from vllm_triage.fleet import Server, imbalances
+    from vllm_triage.model import Snapshot
+
+    def server(pod: str, model: str, waiting: float) -> Server:
+        snapshot = Snapshot(timestamp=0.0, signals={"all": {"requests_waiting_mean": waiting}}, verdicts=(), sources=(), evaluations=1, window_seconds=60)
+        return Server("llm", pod, "", model, snapshot)
+
+    found = imbalances([server("a-0", "a", 12.0), server("a-1", "a", 0.0), server("b-0", "b", 9.0), server("b-1", "b", 8.0)])
+    assert found == ["llm/a: llm/a-0 has 12.0 requests waiting on average while llm/a-1 has 0.0: requests are routed unevenly (adding replicas will not help)"]

@@ -99,8 +99,14 @@ def test_default_is_vllm_with_a_plain_sidecar_and_no_added_capability(tmp_path):
     config = sidecar_config(sidecar, objects, tmp_path)
     assert config.vllm_url == "http://127.0.0.1:8000" and config.sources == ("vllm", "gpu")
     assert config.max_num_seqs is None  # vLLM's default applies; the sidecar says so in its evidence
-    env = {e["name"]: e["value"] for e in sidecar["env"]}
-    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
+    assert env == {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "utility",
+        # the downward API: with gpu_source dcgm, the GPUs dcgm-exporter attributes to this pod
+        "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    }
 
 
 def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vllm(tmp_path):

@@ -62,6 +62,11 @@ shareProcessNamespace: true.
       containerPort: {{ $port }}
       protocol: TCP
   env:
+    # Who this pod is: with gpu_source: dcgm the sidecar reads the GPUs dcgm-exporter attributes to it.
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - name: POD_NAMESPACE
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
     {{- if ne (toString $gpu.enabled) "false" }}
     # NVML from the NVIDIA runtime without requesting a GPU: see values.yaml, triage.gpu.
     - name: NVIDIA_VISIBLE_DEVICES

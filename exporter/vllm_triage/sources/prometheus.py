@@ -1,0 +1,204 @@
+"""History from Prometheus: the series the signals read, over a time range, turned into the Readings the
+live sources would have produced, so that the same pipeline judges the past (`diagnose --prometheus`,
+`replay --prometheus`).
+
+Two range queries, bounded in series, points and time: vLLM's own samples (today's names and every older
+name of them), and the sidecar's exported last readings (`vllm_triage_gpu_*`, `vllm_triage_process_*`,
+`vllm_triage_gil_*`, where a sidecar ran beside that vLLM). The selector must pick one server: the samples
+of two pods would be mixed into one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, Reading, SeriesKey, make_labels
+from ..registry import SOURCES
+from ..signals.vllm import VLLM_SAMPLES_READ
+from .dcgm import dcgm_readings
+from .vllm import RENAMES, _canonical, redact_url
+
+# Labels Prometheus and its service discovery add to a target's series: not vLLM's nor the sidecar's own.
+TARGET_LABELS = frozenset({"__name__", "job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster", "node", "prometheus"})
+MAX_POINTS_PER_SERIES = 11_000  # Prometheus refuses a range query past this many steps
+SIDECAR_PREFIX = "vllm_triage_"
+
+
+class HistoryError(Exception):
+    """What is missing or wrong, in a sentence for the person who asked."""
+
+
+@dataclass(frozen=True)
+class HistoryLimits:
+    step_seconds: float = 2.0
+    max_series: int = 20_000
+    max_points: int = 5_000_000  # series x steps over both queries
+    timeout_seconds: float = 60.0
+
+
+def _vllm_names() -> list[str]:
+    """Every sample name vLLM may have stored them under: today's and each older name (with its histogram suffixes)."""
+    names = set(VLLM_SAMPLES_READ)
+    for old, new in RENAMES.items():
+        names.update(old + suffix for suffix in ("", *HISTOGRAM_SUFFIXES) if (new + suffix) in VLLM_SAMPLES_READ)
+    return sorted(names)
+
+
+def _latest_sources() -> dict[str, str]:
+    """Exported prefix -> source, for the sources whose last reading the sidecar exports as read."""
+    return {f"{SIDECAR_PREFIX}{spec.name}_": spec.name for spec in SOURCES if spec.exports_latest}
+
+
+_WINDOWED = tuple(f"{SIDECAR_PREFIX}{spec.exported_as}" for spec in SOURCES)
+
+
+def parse_selector(selector: str) -> str:
+    """The matchers inside a `{...}` selector ('namespace="x",pod="y"'), checked for shape."""
+    text = selector.strip()
+    if not text:
+        return ""
+    if not (text.startswith("{") and text.endswith("}")) or "__name__" in text:
+        raise HistoryError(f'--selector {selector!r}: expected label matchers in braces, e.g. \'{{namespace="llm",pod="vllm-0"}}\'')
+    return text[1:-1].strip().rstrip(",")
+
+
+def _exported(matchers: str) -> str:
+    return re.sub(r"\b(pod|namespace)(\s*(=~|!~|!=|=))", r"exported_\1\2", matchers)
+
+
+def _query(names_regex: str, matchers: str) -> str:
+    inner = f'__name__=~"{names_regex}"' + (f",{matchers}" if matchers else "")
+    return "{" + inner + "}"
+
+
+class PrometheusHistory:
+    def __init__(self, url: str, selector: str = "", limits: HistoryLimits | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.matchers = parse_selector(selector)
+        self.limits = limits or HistoryLimits()
+        self.max_num_seqs: int | None = None  # in force where a sidecar ran (its vllm_triage_vllm_max_num_seqs)
+        self.notes: list[str] = []  # what the history lacks, for the person who asked
+
+    async def readings(self, start: float, end: float) -> list[Reading]:
+        """The Readings of vLLM and of the sidecar's exported sources at each step from start to end."""
+        steps = math.floor((end - start) / self.limits.step_seconds) + 1
+        if steps > MAX_POINTS_PER_SERIES:
+            raise HistoryError(
+                f"{steps} steps of {self.limits.step_seconds:g} s: over Prometheus' {MAX_POINTS_PER_SERIES}; use a larger --step or a shorter range"
+            )
+        timeout = aiohttp.ClientTimeout(total=self.limits.timeout_seconds)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            vllm = await self._range(session, _query("|".join(re.escape(n) for n in _vllm_names()), self.matchers), start, end, steps)
+            sidecar = await self._range(session, _query(f"{SIDECAR_PREFIX}(gpu|process|gil)_.+", self.matchers), start, end, steps)
+            seqs = await self._range(session, _query(f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers), start, end, steps)
+            dcgm = await self._range(session, _query("DCGM_FI_.+", self.matchers), start, end, steps)
+            if not dcgm and self.matchers:  # scraped without honor_labels, dcgm-exporter's pod and namespace are exported_*
+                dcgm = await self._range(session, _query("DCGM_FI_.+", _exported(self.matchers)), start, end, steps)
+        if not vllm:
+            where = f" matching {{{self.matchers}}}" if self.matchers else ""
+            raise HistoryError(f"no vLLM series{where} in Prometheus at {redact_url(self.url)} between {start:.0f} and {end:.0f}: was vLLM scraped then?")
+        self._one_server(vllm)
+        last = [float(s["values"][-1][1]) for s in seqs if s["values"]]
+        self.max_num_seqs = int(max(last)) if last and math.isfinite(max(last)) and max(last) >= 1 else None
+        times = [start + i * self.limits.step_seconds for i in range(steps)]
+        readings = list(self._vllm_readings(vllm, times))
+        readings += self._sidecar_readings(sidecar, times)
+        if not any(r.source == GPU_SOURCE for r in readings):
+            readings += self._dcgm_readings(dcgm, times)
+        if not any(r.source == GPU_SOURCE for r in readings):
+            self.notes.append(
+                "no GPU series: neither the sidecar's (vllm_triage_gpu_*) nor dcgm-exporter's (DCGM_FI_*) match the selector; the GPU conditions are unknown"
+            )
+        if not any(r.source == PROCESS_SOURCE for r in readings):
+            self.notes.append("no host series: the sidecar did not run beside this vLLM (vllm_triage_process_*); the host conditions are unknown")
+        readings.sort(key=lambda r: r.timestamp)
+        return readings
+
+    @staticmethod
+    def _dcgm_readings(series: list[dict[str, Any]], times: list[float]) -> list[Reading]:
+        by_time: dict[float, list[tuple[str, dict[str, str], float]]] = {}
+        for s in series:
+            metric = s["metric"]
+            for t, value in s["values"]:
+                by_time.setdefault(round(float(t), 3), []).append((metric["__name__"], metric, float(value)))
+        readings = []
+        for t in times:
+            if found := by_time.get(round(t, 3)):
+                samples, gpus = dcgm_readings(found)
+                readings.append(Reading(GPU_SOURCE, t, True, samples, meta={"gpus": gpus, "selection": "dcgm-exporter's series in Prometheus"}))
+        return readings
+
+    async def _range(self, session: aiohttp.ClientSession, query: str, start: float, end: float, steps: int) -> list[dict[str, Any]]:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.limits.step_seconds:g}"}
+        try:
+            async with session.post(f"{self.url}/api/v1/query_range", data=params) as response:
+                payload = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} did not answer: {error or type(error).__name__}") from None
+        except ValueError:
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} answered something that is not its JSON API") from None
+        if not isinstance(payload, dict) or payload.get("status") != "success":
+            said = payload.get("error") if isinstance(payload, dict) else payload
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} refused the query {query[:200]}: {said}")
+        result = payload["data"]["result"]
+        if len(result) > self.limits.max_series:
+            raise HistoryError(f"{len(result)} series match, over max {self.limits.max_series}: narrow --selector to one server")
+        if len(result) * steps > self.limits.max_points:
+            raise HistoryError(f"{len(result)} series x {steps} steps is over {self.limits.max_points} points: use a larger --step or a shorter range")
+        return list(result)
+
+    @staticmethod
+    def _one_server(series: list[dict[str, Any]]) -> None:
+        targets = sorted({tuple(s["metric"].get(k, "") for k in ("namespace", "pod", "instance")) for s in series})
+        if len(targets) > 1:
+            shown = ", ".join("/".join(part for part in t if part) for t in targets[:5])
+            raise HistoryError(f"the selector matches {len(targets)} vLLM servers ({shown}): add pod=... or instance=... to pick one")
+
+    @staticmethod
+    def _by_time(series: Iterable[dict[str, Any]], rename: bool) -> dict[float, dict[SeriesKey, float]]:
+        by_time: dict[float, dict[SeriesKey, float]] = {}
+        for s in series:
+            metric = s["metric"]
+            name = metric["__name__"]
+            if rename:
+                name, _ = _canonical(name)
+            labels = make_labels({k: v for k, v in metric.items() if k not in TARGET_LABELS})
+            for t, value in s["values"]:
+                number = float(value)
+                if math.isfinite(number):
+                    by_time.setdefault(round(float(t), 3), {})[(name, labels)] = number
+        return by_time
+
+    def _vllm_readings(self, series: list[dict[str, Any]], times: list[float]) -> Iterable[Reading]:
+        by_time = self._by_time(series, rename=True)
+        first = min(by_time)
+        for t in times:
+            samples = by_time.get(round(t, 3))
+            if round(t, 3) < first:
+                continue  # before vLLM's first sample in the range the history has not begun: no outage
+            if samples:
+                yield Reading(VLLM_SOURCE, t, True, samples)
+            else:  # Prometheus marks a failed scrape's series stale: nothing at this step is an outage
+                yield Reading(VLLM_SOURCE, t, False, error="no vLLM sample in Prometheus at this time (down, or not scraped)", error_reason="no_data")
+
+    def _sidecar_readings(self, series: list[dict[str, Any]], times: list[float]) -> list[Reading]:
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        prefixes = _latest_sources()
+        for s in series:
+            name = s["metric"]["__name__"]
+            if name.startswith(_WINDOWED) or name.endswith("_created"):
+                continue  # the sidecar's own windowed signals and counters' creation times are not readings
+            source = next((src for prefix, src in prefixes.items() if name.startswith(prefix)), None)
+            if source is not None:
+                by_source.setdefault(source, []).append({**s, "metric": {**s["metric"], "__name__": name.removeprefix(SIDECAR_PREFIX)}})
+        readings = []
+        for source, found in by_source.items():
+            by_time = self._by_time(found, rename=False)
+            readings += [Reading(source, t, True, samples) for t in times if (samples := by_time.get(round(t, 3)))]
+        return readings

@@ -1,0 +1,99 @@
+"""The same verdicts from Prometheus' history as from the live sidecar: a real Prometheus scrapes the real
+vLLM and the sidecar beside it through idle, saturation and recovery; then `vllm-triage replay --prometheus`
+and `diagnose --prometheus` judge that history with the same settings, and their verdict timeline is
+compared with what the live sidecar said."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
+JUDGED = ("kv_cache_saturated", "queue_backlog", "preemption_storm")
+
+
+def live_timeline(sidecar, seconds: float) -> list[tuple[float, set[str]]]:
+    """(time, active conditions) once a second from the live sidecar."""
+    timeline = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        timeline.append((time.time(), {c for c, v in sidecar.active().items() if v == 1.0}))
+        time.sleep(1)
+    return timeline
+
+
+def first_active(timeline: list[tuple[float, set[str]]], condition: str) -> float | None:
+    return next((t for t, active in timeline if condition in active), None)
+
+
+def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
+    config = tmp_path / "settings.yaml"
+    config.write_text(SETTINGS)
+    sidecar = start_sidecar(tmp_path, vllm.url, SETTINGS, "--sources", "vllm,process")
+    labels = {"namespace": "llm", "pod": "vllm-0"}
+    prometheus = start_prometheus(
+        tmp_path,
+        {"vllm": [(vllm.url.removeprefix("http://"), labels)], "vllm-triage": [(sidecar.url.removeprefix("http://"), labels)]},
+        REPO / "alerts" / "vllm-triage.rules.yml",
+    )
+    load = None
+    try:
+        start = time.time()
+        timeline = live_timeline(sidecar, 15)  # idle
+        load = start_load(vllm.url, clients=64, prompt_words=200, max_tokens=500)
+        timeline += live_timeline(sidecar, 60)
+        load.stop()
+        load = None
+        timeline += live_timeline(sidecar, 25)  # recovery
+        end = time.time()
+        assert all(first_active(timeline, c) is not None for c in JUDGED), timeline[-40:]
+
+        history = [str(BIN / "vllm-triage"), "--prometheus", prometheus.url, "--selector", '{pod="vllm-0"}', "--step", "1", "--config", str(config)]
+        replayed = subprocess.run(
+            [history[0], "replay", *history[1:], "--from", f"{start:.3f}", "--to", f"{end:.3f}", "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert replayed.returncode == 0, replayed.stderr
+        changes = [json.loads(line) for line in replayed.stdout.splitlines()]
+        for condition in JUDGED:
+            live = first_active(timeline, condition)
+            rose = next((c["since"] for c in changes if c["condition"] == condition and c["state"] == "active"), None)
+            assert rose is not None, (condition, [c for c in changes if c["condition"] == condition])
+            # the same data a second apart (each scraped vLLM on its own clock) and the live view polled every second
+            assert abs(rose - live) <= 5, (condition, rose - start, live - start)
+        ever_live = set().union(*(active for _, active in timeline))
+        ever_history = {c["condition"] for c in changes if c["state"] == "active"}
+        assert ever_history == ever_live, (ever_history, ever_live)
+
+        # diagnose at a moment of the saturation: the report the sidecar gave then
+        at = first_active(timeline, "preemption_storm") + 10  # type: ignore[operator]
+        live_then = next(active for t, active in timeline if t >= at)
+        report = subprocess.run(
+            [history[0], "diagnose", *history[1:], "--at", f"{at:.3f}", "--seconds", "120", "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert report.returncode == 0, report.stderr
+        judged = {c["condition"] for c in json.loads(report.stdout)["conditions"] if c["state"] == "active"}
+        assert set(JUDGED) <= judged and set(JUDGED) <= live_then, (judged, live_then)
+
+        # the fleet view of the same Prometheus: this one server, in the same verdict
+        fleet_args = ["fleet", "--prometheus", prometheus.url, "--selector", '{namespace="llm"}', "--at", f"{at:.3f}", "--seconds", "120", "--step", "1"]
+        fleet = subprocess.run([history[0], *fleet_args, "--config", str(config), "--json"], capture_output=True, text=True, timeout=120)
+        assert fleet.returncode == 0, fleet.stderr
+        (server,) = json.loads(fleet.stdout)["servers"]
+        assert server["pod"] == "vllm-0" and set(JUDGED) <= {a["condition"] for a in server["active"]}, server
+
+        # a selector that picks nothing says so, naming what is missing
+        missing = subprocess.run([history[0], "diagnose", *history[1:3], "--selector", '{pod="nope"}'], capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 2 and "no vLLM series" in missing.stderr and 'pod="nope"' in missing.stderr, missing.stderr
+    finally:
+        if load is not None:
+            load.stop()
+        prometheus.stop()
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=10)
