@@ -1,22 +1,37 @@
 """The same verdicts from Prometheus' history as from the live sidecar: a real Prometheus scrapes the real
 vLLM and the sidecar beside it through idle, saturation and recovery; then `vllm-triage replay --prometheus`
 and `diagnose --prometheus` judge that history with the same settings, and their verdict timeline is
-compared with what the live sidecar said."""
+compared with what the live sidecar said. The sidecar runs without GPU (a CPU machine): the GPU layer of the
+history comes from a dcgm-exporter page (tests/data, its GPU 0 mapped to this pod) that Prometheus scrapes as
+it would the node's dcgm-exporter, without honor_labels."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
+from tests.support.vllm_server import free_port
 
 pytestmark = pytest.mark.integration
 
 SETTINGS = FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
 JUDGED = ("kv_cache_saturated", "queue_backlog", "preemption_storm")
+DCGM_PAGE = REPO / "tests" / "data" / "dcgm-exporter-h200.metrics.txt"
+# dcgm-exporter's page, served as it serves it (text/plain), for Prometheus to scrape
+SERVE_PAGE = """
+import http.server, sys
+page = open(sys.argv[2], "rb").read()
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Type", "text/plain; version=0.0.4"); self.end_headers(); self.wfile.write(page)
+    def log_message(self, *args): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
+"""
 
 
 def live_timeline(sidecar, seconds: float) -> list[tuple[float, set[str]]]:
@@ -38,11 +53,15 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
     config.write_text(SETTINGS)
     sidecar = start_sidecar(tmp_path, vllm.url, SETTINGS, "--sources", "vllm,process")
     labels = {"namespace": "llm", "pod": "vllm-0"}
-    prometheus = start_prometheus(
-        tmp_path,
-        {"vllm": [(vllm.url.removeprefix("http://"), labels)], "vllm-triage": [(sidecar.url.removeprefix("http://"), labels)]},
-        REPO / "alerts" / "vllm-triage.rules.yml",
-    )
+    dcgm_port = free_port()
+    dcgm = subprocess.Popen([sys.executable, "-c", SERVE_PAGE, str(dcgm_port), str(DCGM_PAGE)])
+    jobs = {
+        "vllm": [(vllm.url.removeprefix("http://"), labels)],
+        "vllm-triage": [(sidecar.url.removeprefix("http://"), labels)],
+        # the exporter's own pod: the page's pod and namespace labels become exported_pod and exported_namespace
+        "dcgm-exporter": [(f"127.0.0.1:{dcgm_port}", {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-7x2kq"})],
+    }
+    prometheus = start_prometheus(tmp_path, jobs, REPO / "alerts" / "vllm-triage.rules.yml")
     load = None
     try:
         start = time.time()
@@ -69,7 +88,9 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
             assert abs(rose - live) <= 5, (condition, rose - start, live - start)
         ever_live = set().union(*(active for _, active in timeline))
         ever_history = {c["condition"] for c in changes if c["state"] == "active"}
-        assert ever_history == ever_live, (ever_history, ever_live)
+        # the same story, and the GPU's from dcgm-exporter beside it: util.gpu 0.98 with SMs at 0.11 and a thermal slowdown all along
+        from_dcgm = {"gpu_busy_not_computing", "gpu_throttled"}
+        assert ever_history - from_dcgm == ever_live and from_dcgm <= ever_history, (ever_history, ever_live)
 
         # diagnose at a moment of the saturation: the report the sidecar gave then
         at = first_active(timeline, "preemption_storm") + 10  # type: ignore[operator]
@@ -80,6 +101,12 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
         assert report.returncode == 0, report.stderr
         judged = {c["condition"] for c in json.loads(report.stdout)["conditions"] if c["state"] == "active"}
         assert set(JUDGED) <= judged and set(JUDGED) <= live_then, (judged, live_then)
+
+        late_args = ["diagnose", *history[1:], "--at", f"{end:.3f}", "--seconds", "90", "--json"]
+        late = json.loads(subprocess.run([history[0], *late_args], capture_output=True, text=True, timeout=120, check=True).stdout)
+        assert abs(late["signals"]["gpu:0"]["gpu_sm_active_ratio_mean"] - 0.112) < 1e-9, late["signals"].get("gpu:0")
+        assert late["discovery"]["gpu_peak"]["model"] == "H200"  # modelName: the peaks of the efficiency gauges
+        assert [g["uuid"] for g in late["discovery"]["gpus"]] == ["GPU-76276492-0af5-efea-92e7-e81a7e3875e9"]  # not the other pod's GPU 1
 
         # the fleet view of the same Prometheus: this one server, in the same verdict
         fleet_args = ["fleet", "--prometheus", prometheus.url, "--selector", '{namespace="llm"}', "--at", f"{at:.3f}", "--seconds", "120", "--step", "1"]
@@ -92,6 +119,7 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
         missing = subprocess.run([history[0], "diagnose", *history[1:3], "--selector", '{pod="nope"}'], capture_output=True, text=True, timeout=60)
         assert missing.returncode == 2 and "no vLLM series" in missing.stderr and 'pod="nope"' in missing.stderr, missing.stderr
     finally:
+        dcgm.kill()
         if load is not None:
             load.stop()
         prometheus.stop()
