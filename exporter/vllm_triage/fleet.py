@@ -9,14 +9,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from .config import Config
 from .model import Snapshot
 from .pipeline import replay
 from .scope import AGGREGATE_SCOPE
-from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory, parse_selector
-from .sources.vllm import redact_url
+from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory, list_servers, parse_selector
 
 MAX_SERVERS = 50
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -47,29 +44,11 @@ class Server:
         return self.snapshot.signals.get(AGGREGATE_SCOPE, {}).get("requests_waiting_mean")
 
 
-async def _servers(url: str, matchers: str, at: float, timeout: float) -> list[dict[str, str]]:
-    query = "count by (namespace, pod, instance, model_name) ({" + ",".join(filter(None, ['__name__="vllm:num_requests_running"', matchers])) + "})"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        try:
-            async with session.post(f"{url.rstrip('/')}/api/v1/query", data={"query": query, "time": f"{at:.3f}"}) as response:
-                payload = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            raise HistoryError(f"Prometheus at {redact_url(url)} did not answer: {error or type(error).__name__}") from None
-    if not isinstance(payload, dict) or payload.get("status") != "success":
-        raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {payload.get('error') if isinstance(payload, dict) else payload}")
-    found = [s["metric"] for s in payload["data"]["result"]]
-    if not found:
-        raise HistoryError(f"no vLLM server (vllm:num_requests_running) matching {{{matchers}}} in Prometheus at {redact_url(url)} at {at:.0f}")
-    if len(found) > MAX_SERVERS:
-        raise HistoryError(f"{len(found)} vLLM servers match, over {MAX_SERVERS}: narrow --selector (a namespace, a model)")
-    return found
-
-
 async def judge_fleet(url: str, selector: str, at: float, seconds: float, config: Config, step: float) -> list[Server]:
     """Each server's verdicts at `at`, judged on the `seconds` of its history before it."""
     matchers = parse_selector(selector)
     servers = []
-    for target in await _servers(url, matchers, at, 60.0):
+    for target in await list_servers(url, matchers, at, MAX_SERVERS):
         own = ",".join(f'{k}="{target[k]}"' for k in ("namespace", "pod", "instance") if target.get(k))
         history = PrometheusHistory(url, "{" + own + "}", HistoryLimits(step_seconds=step))
         common = (target.get("namespace", ""), target.get("pod", ""), target.get("instance", ""), target.get("model_name", ""))

@@ -138,3 +138,18 @@ def test_no_mfu_without_the_flag_or_a_known_gpu():
     assert off["model_flops_per_second"] is None and off["model_flops_utilization_ratio"] is None  # counters at 0: the flag is off
     unknown_gpu = compute_signals(WindowView(mfu_store(1e12, 1e11).window("vllm", 0, 20)), "m/0", ServerFacts(256), VLLM_SIGNALS)
     assert unknown_gpu["model_flops_per_second"] == pytest.approx(1e12) and unknown_gpu["model_flops_utilization_ratio"] is None
+
+
+def test_prompt_tokens_by_origin_are_shares_of_the_window():
+    # vLLM 0.32's counter: 300 computed, 700 from the local prefix cache, none transferred, over the window
+    store = Store(horizon_seconds=300)
+    for t, (computed, cached) in enumerate([(1000.0, 2000.0), (1300.0, 2700.0)]):
+        text = page(1, 0, 0.1, Counters()) + "".join(
+            f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="{source}"}} {value}\n'
+            for source, value in (("local_compute", computed), ("local_cache_hit", cached), ("external_kv_transfer", 0.0))
+        )
+        store.add(reading(float(t * 10), text))
+    signals = compute_signals(WindowView(store.window("vllm", 0, 10)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    assert signals["prompt_tokens_local_compute_ratio"] == pytest.approx(0.3)
+    assert signals["prompt_tokens_local_cache_hit_ratio"] == pytest.approx(0.7)
+    assert signals["prompt_tokens_external_kv_transfer_ratio"] == 0.0

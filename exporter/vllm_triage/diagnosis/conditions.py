@@ -349,6 +349,9 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
     ever = j.value("prefix_cache_hits_since_start")
     if ever is not None and ever <= 0:
         return j.fact(False, "no prompt has reused a cached prefix since vLLM started: expected for unique prompts", "prefix_cache_hits_since_start", ever)
+    computed = j.signals.get("prompt_tokens_local_compute_ratio")
+    if computed is not None:
+        j.note(f"{computed:.0%} of the window's prompt tokens were computed here, not served from a cache", "prompt_tokens_local_compute_ratio", computed)
     external = j.signals.get("external_prefix_cache_hit_ratio")
     if external is not None:
         j.note(f"the external prefix cache (KV connector) hit {external:.0%} of its queries", "external_prefix_cache_hit_ratio", external)
@@ -764,6 +767,7 @@ CONDITIONS: tuple[Condition, ...] = (
             "prompt_tokens_cached_ratio",
             "prefix_cache_hit_ratio",
             "external_prefix_cache_hit_ratio",
+            "prompt_tokens_local_compute_ratio",
             "prefix_cache_queries_per_second",
             "prefix_caching_enabled",
             "prefix_cache_hits_since_start",

@@ -84,6 +84,23 @@ def _prompt_tokens_cached_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase("vllm:prompt_tokens_cached_total", ctx.scope), ctx.view.increase("vllm:prompt_tokens_total", ctx.scope))
 
 
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vllm:prompt_tokens_by_source_total{source}
+
+
+def _prompt_share(source: str) -> Callable[[SignalContext], float | None]:
+    """Share of the window's prompt tokens that came from one source (computed here, a local cache hit, a KV transfer)."""
+
+    def of(labels: Labels) -> bool:  # made once: the per-frame steps are memoized by this function
+        return label_value(labels, "source") == source
+
+    def compute(ctx: SignalContext) -> float | None:
+        return safe_ratio(
+            ctx.view.increase("vllm:prompt_tokens_by_source_total", ctx.scope, of), ctx.view.increase("vllm:prompt_tokens_by_source_total", ctx.scope)
+        )
+
+    return compute
+
+
 def _hit_ratio(hits: str, queries: str) -> Callable[[SignalContext], float | None]:
     return lambda ctx: safe_ratio(ctx.view.increase(hits, ctx.scope), ctx.view.increase(queries, ctx.scope))
 
@@ -424,6 +441,16 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "Share of prompt tokens served from a cache, local or external (vLLM 0.11+: vllm:prompt_tokens_cached_total).",
         _prompt_tokens_cached_ratio,
     ),
+    *(
+        SignalDef(
+            f"prompt_tokens_{source}_ratio",
+            "prompt_tokens_by_source_ratio",
+            "Share of the window's prompt tokens by origin (vllm:prompt_tokens_by_source_total): computed here, a local cache hit, a KV transfer.",
+            _prompt_share(source),
+            (("source", source),),
+        )
+        for source in PROMPT_SOURCES
+    ),
     SignalDef(
         "external_prefix_cache_hit_ratio",
         "external_prefix_cache_hit_ratio",
@@ -625,6 +652,7 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:prefix_cache_hits_total",
         "vllm:request_decode_time_seconds_sum",
         "vllm:prompt_tokens_cached_total",
+        "vllm:prompt_tokens_by_source_total",
         "vllm:external_prefix_cache_hits_total",
         "vllm:external_prefix_cache_queries_total",
         "vllm:mm_cache_hits_total",

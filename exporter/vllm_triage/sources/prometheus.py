@@ -77,6 +77,25 @@ def _query(names_regex: str, matchers: str) -> str:
     return "{" + inner + "}"
 
 
+async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: float = 60.0) -> list[dict[str, str]]:
+    """The vLLM servers (namespace, pod, instance, model_name) the matchers pick at `at`, at most `limit`."""
+    query = "count by (namespace, pod, instance, model_name) ({" + ",".join(filter(None, ['__name__="vllm:num_requests_running"', matchers])) + "})"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        try:
+            async with session.post(f"{url.rstrip('/')}/api/v1/query", data={"query": query, "time": f"{at:.3f}"}) as response:
+                payload = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            raise HistoryError(f"Prometheus at {redact_url(url)} did not answer: {error or type(error).__name__}") from None
+    if not isinstance(payload, dict) or payload.get("status") != "success":
+        raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {payload.get('error') if isinstance(payload, dict) else payload}")
+    found = [s["metric"] for s in payload["data"]["result"]]
+    if not found:
+        raise HistoryError(f"no vLLM server (vllm:num_requests_running) matching {{{matchers}}} in Prometheus at {redact_url(url)} at {at:.0f}")
+    if len(found) > limit:
+        raise HistoryError(f"{len(found)} vLLM servers match, over {limit}: narrow --selector (a namespace, a model)")
+    return found
+
+
 class PrometheusHistory:
     def __init__(self, url: str, selector: str = "", limits: HistoryLimits | None = None) -> None:
         self.url = url.rstrip("/")
