@@ -100,7 +100,7 @@ def _gil(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
 def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
     if config.gpu_source == "dcgm":
         assert config.dcgm_url is not None  # config.load requires it
-        dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock)
+        dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock, max_page_bytes=config.max_page_bytes)
         return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, dcgm.collect, dcgm.close)
     source = GpuSource(config.gpus, lambda: [pid for _, pid in _pids_by_role(latest)], config.gpm, clock, gpus_file=config.gpus_file)
 

@@ -111,3 +111,31 @@ def test_gpu_source_dcgm_needs_its_url():
         assert "dcgm_url" in str(error)
     else:
         raise AssertionError("gpu_source: dcgm without dcgm_url was accepted")
+
+
+def test_a_hostile_page_is_refused_or_cleaned_not_crashed_on():
+    nan = PAGE.replace(" 0.112\n", " NaN\n")  # GPU 0's SM activity
+    assert nan != PAGE
+    cleaned, garbled = collect([nan, 'DCGM_FI_DEV_GPU_UTIL{gpu="0" 5\n'])
+    assert cleaned.ok and "gpu_sm_active_ratio" not in values(cleaned)  # NaN is no reading
+    assert not garbled.ok and garbled.error_reason == "parse"
+
+    async def huge():
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=PAGE * 100, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        source = DcgmSource(f"http://127.0.0.1:{port}/metrics", pod="vllm-0", max_page_bytes=100_000)
+        try:
+            return await source.collect()
+        finally:
+            await source.close()
+            await runner.cleanup()
+
+    big = asyncio.run(huge())
+    assert not big.ok and big.error_reason == "too_large" and "max_page_bytes" in (big.error or "")

@@ -11,6 +11,7 @@ util.gpu, as on a GPU without GPM.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -60,7 +61,7 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
     memory: dict[str, float] = {}
     for name, labels, value in series:
         index = labels.get("gpu")
-        if index is None or _blank(value):
+        if index is None or not math.isfinite(value) or _blank(value):
             continue
         gpu = gpus.setdefault(
             index, {"gpu": int(index) if index.isdigit() else index, "uuid": labels.get("UUID", ""), "name": labels.get("modelName", ""), "gpm": False}
@@ -88,9 +89,16 @@ class DcgmSource:
     POD_NAMESPACE from the downward API; every GPU on the page when they are not set)."""
 
     def __init__(
-        self, url: str, timeout_seconds: float = 5.0, clock: Callable[[], float] = time.time, pod: str | None = None, namespace: str | None = None
+        self,
+        url: str,
+        timeout_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        pod: str | None = None,
+        namespace: str | None = None,
+        max_page_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.url = url
+        self.max_page_bytes = max_page_bytes
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.clock = clock
         self.pod = pod if pod is not None else os.environ.get("POD_NAME")
@@ -111,7 +119,12 @@ class DcgmSource:
             async with self._session.get(self.url) as response:
                 if response.status != 200:
                     return self._failed(timestamp, start, "http_status", f"dcgm-exporter at {self.url} answered {response.status}")
-                text = await response.text()
+                body = await response.content.read(self.max_page_bytes + 1)
+                if len(body) > self.max_page_bytes:
+                    return self._failed(
+                        timestamp, start, "too_large", f"dcgm-exporter's page at {self.url} is over {self.max_page_bytes} bytes (max_page_bytes)"
+                    )
+                text = body.decode("utf-8", errors="replace")
         except (aiohttp.ClientError, TimeoutError) as error:
             return self._failed(timestamp, start, "connect", f"cannot read dcgm-exporter at {self.url}: {error or type(error).__name__}")
         try:
