@@ -445,8 +445,9 @@ def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str
 
 
 FAMILIES = (
+    ("Engine: is it producing tokens", ("engine_wedged",)),
     ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
-    ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective")),
+    ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective", "spec_decode_ineffective")),
     ("Host", ("gpu_starved",)),
     ("GPU", tuple(c.id for c in GPU_CONDITIONS)),
 )

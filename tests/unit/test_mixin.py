@@ -131,3 +131,13 @@ def test_every_dashboard_survives_grafanas_typed_models_unchanged():
         assert ours.pop("__inputs") == []
         back = json.loads(json.dumps(Dashboard.from_json(ours), cls=JSONEncoder))
         assert not lost(ours, back), (name, lost(ours, back)[:10])
+
+
+def test_every_condition_has_its_panel_on_the_conditions_dashboard():
+    from vllm_triage.diagnosis.conditions import CONDITIONS
+
+    from mixin.dashboards import FAMILIES
+
+    placed = [cid for _, ids in FAMILIES for cid in ids]
+    # vllm_unreachable reads no windowed signal: its evidence is the overview's source health row
+    assert sorted(placed) == sorted(c.id for c in CONDITIONS if c.id != "vllm_unreachable")

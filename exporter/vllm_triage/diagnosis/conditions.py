@@ -766,11 +766,11 @@ CONDITIONS: tuple[Condition, ...] = (
         reads=(
             "prompt_tokens_cached_ratio",
             "prefix_cache_hit_ratio",
-            "external_prefix_cache_hit_ratio",
-            "prompt_tokens_local_compute_ratio",
             "prefix_cache_queries_per_second",
             "prefix_caching_enabled",
             "prefix_cache_hits_since_start",
+            "prompt_tokens_local_compute_ratio",
+            "external_prefix_cache_hit_ratio",  # only where a KV connector shares a cache: last, the drill-down shows the first
         ),
         thresholds=(
             Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),

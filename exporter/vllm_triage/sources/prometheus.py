@@ -119,14 +119,16 @@ class PrometheusHistory:
             dcgm = await self._range(session, _query("DCGM_FI_.+", self.matchers), start, end, steps)
             if not dcgm and self.matchers:  # scraped without honor_labels, dcgm-exporter's pod and namespace are exported_*
                 dcgm = await self._range(session, _query("DCGM_FI_.+", _exported(self.matchers)), start, end, steps)
-        if not vllm:
-            where = f" matching {{{self.matchers}}}" if self.matchers else ""
+        where = f" matching {{{self.matchers}}}" if self.matchers else ""
+        if not vllm and not sidecar:
             raise HistoryError(f"no vLLM series{where} in Prometheus at {redact_url(self.url)} between {start:.0f} and {end:.0f}: was vLLM scraped then?")
-        self._one_server(vllm)
+        self._one_server(vllm or sidecar)
         last = [float(s["values"][-1][1]) for s in seqs if s["values"]]
         self.max_num_seqs = int(max(last)) if last and math.isfinite(max(last)) and max(last) >= 1 else None
         times = [start + i * self.limits.step_seconds for i in range(steps)]
-        readings = list(self._vllm_readings(vllm, times))
+        readings = list(self._vllm_readings(vllm, times)) if vllm else []
+        if not vllm:  # a sidecar whose vLLM Prometheus did not scrape: its GPU and host readings still judge those layers
+            self.notes.append(f"no vLLM series{where}: only the sidecar's GPU and host readings are judged; the vLLM conditions are unknown")
         readings += self._sidecar_readings(sidecar, times)
         if not any(r.source == GPU_SOURCE for r in readings):
             readings += self._dcgm_readings(dcgm, times)
