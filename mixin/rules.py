@@ -106,7 +106,7 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     {
         "alert": "VllmReplicaImbalance",
         # One replica of a model queues while a sibling idles: the load balancer, not capacity, is the
-        # problem (sticky sessions, a prefix-aware router pinning a hot prefix, a slow pod kept in rotation).
+        # problem (client-IP stickiness, a prefix-aware router pinning a hot prefix, a slow pod kept in rotation).
         "expr": (
             "pod:vllm_num_requests_waiting:avg5m >= 5 and on (namespace, model_name) (min by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) < 1)"
         ),
@@ -417,7 +417,7 @@ _VLLM_ALERT_STEPS = {
     "VllmRequestsWaiting": "Read the sidecar's `queue_backlog` cause (`kv_capacity`, `concurrency_cap`, `unknown`) and follow [VllmTriageQueueBacklog](#vllmtriagequeuebacklog).",
     "VllmRequestsWaitingPersistent": "As VllmRequestsWaiting; if nothing changes, add replicas: the backlog will not drain by itself.",
     "VllmReplicaImbalance": "Compare the replicas on the fleet dashboard's waiting-per-pod panel. Check the Service's or router's "
-    "balancing (session affinity, prefix- or KV-aware routing pinning a hot prefix to one pod) and whether the queueing pod is slower "
+    "balancing (client-IP stickiness, prefix- or KV-aware routing pinning a hot prefix to one pod) and whether the queueing pod is slower "
     "(its sidecar's verdicts: gpu_throttled, gpu_starved).",
     "VllmTargetDown": "Check the pod's restarts and the vLLM container's logs (OOM kills, CUDA errors); the sidecar's `vllm_unreachable` says the same from inside the pod.",
     "VllmTriageDown": "Check the sidecar container (restarts, logs). The vLLM alerts above still work without it.",

@@ -22,7 +22,7 @@ PAGE = (Path(__file__).resolve().parents[1] / "data" / "dcgm-exporter-h200.metri
 WITHOUT_SM_ACTIVE = "".join(line + "\n" for line in PAGE.splitlines() if "DCGM_FI_PROF_SM_ACTIVE" not in line)
 
 
-def collect(pages: list[str], pod: str | None = "vllm-0", namespace: str | None = "llm") -> list:
+def collect(pages: list[str], pod: str | None = "vllm-0", namespace: str | None = "llm", max_page_bytes: int = 8 * 1024 * 1024) -> list:
     """Serve each page in turn from a real HTTP server and collect it with DcgmSource."""
 
     async def body() -> list:
@@ -37,7 +37,8 @@ def collect(pages: list[str], pod: str | None = "vllm-0", namespace: str | None 
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        source = DcgmSource(f"http://127.0.0.1:{port}/metrics", clock=iter(range(0, 1000, 2)).__next__, pod=pod, namespace=namespace)
+        clock = iter(range(0, 1000, 2)).__next__
+        source = DcgmSource(f"http://127.0.0.1:{port}/metrics", clock=clock, pod=pod, namespace=namespace, max_page_bytes=max_page_bytes)
         try:
             return [await source.collect() for _ in pages]
         finally:
@@ -120,22 +121,5 @@ def test_a_hostile_page_is_refused_or_cleaned_not_crashed_on():
     assert cleaned.ok and "gpu_sm_active_ratio" not in values(cleaned)  # NaN is no reading
     assert not garbled.ok and garbled.error_reason == "parse"
 
-    async def huge():
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=PAGE * 100, content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        source = DcgmSource(f"http://127.0.0.1:{port}/metrics", pod="vllm-0", max_page_bytes=100_000)
-        try:
-            return await source.collect()
-        finally:
-            await source.close()
-            await runner.cleanup()
-
-    big = asyncio.run(huge())
+    (big,) = collect([PAGE * 100], max_page_bytes=100_000)
     assert not big.ok and big.error_reason == "too_large" and "max_page_bytes" in (big.error or "")
