@@ -1,9 +1,17 @@
 """Costs measured beside the real vLLM 0.26.0 on the H200 (runs ON the GPU machine, after
 tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
 
-    python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   what py-spy costs the engine (goal: < 2 %)
+    python3 -m bench.real_engine OUT_DIR gil_window [PAIRS]  what one py-spy window costs while open, and so the default
+    python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
     python3 -m bench.real_engine OUT_DIR cost [full-only] the sidecar beside nvitop-exporter, one run, same load
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
+
+gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS pairs of two short
+segments, one in which the GIL source (the sidecar's own class, at the default window, rate and blocking)
+samples that process for one window and one as long without it, in alternating order. Segments of a few
+seconds are too short for the load to drift, so the on/off ratio resolves what a window costs while open.
+The default's cost follows: each role's in-window cost times the share of the time its window is open
+(gil_window_seconds / gil_interval_seconds), summed over the two roles.
 
 gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
 is the limit, where py-spy's pauses cost the most) under one continuous load; each 60 s window runs a
@@ -37,6 +45,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.config import OPTIONS_BY_KEY
+from vllm_triage.sources.gil import GilSource
+from vllm_triage.sources.process import role_of
 
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
@@ -138,6 +148,75 @@ async def gil_ab(out: Path, pairs: int, settings: dict[str, str]) -> dict[str, o
     print(
         f"GIL source ({settings or 'defaults'}): throughput on/off = {summary['mean_ratio']:.4f} "
         f"({(1 - statistics.mean(ratios)) * 100:+.2f} % cost), per pair {', '.join(f'{r:.4f}' for r in ratios)}",
+        flush=True,
+    )
+    return summary
+
+
+def vllm_pids() -> dict[str, int]:
+    return {role: p.pid for p in psutil.process_iter(["cmdline"]) if (role := role_of(p.info["cmdline"] or [], "VLLM")) in ("engine_core", "api_server")}
+
+
+def mean_and_half_width(values: list[float]) -> tuple[float, float]:
+    """The mean and its 95 % interval's half width (two standard errors)."""
+    return statistics.mean(values), 2 * statistics.stdev(values) / len(values) ** 0.5
+
+
+async def gil_window(out: Path, pairs: int) -> dict[str, object]:
+    scenario = SCENARIOS["cpu_bound"]
+    clients, prompt_words, max_tokens = 128, 8, 16
+    window, interval = (float(OPTIONS_BY_KEY[key].default) for key in ("gil_window_seconds", "gil_interval_seconds"))
+    rate, nonblocking = OPTIONS_BY_KEY["gil_rate"].default, OPTIONS_BY_KEY["gil_nonblocking"].default
+    server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "gil_window-vllm.log")
+    stop_load = asyncio.Event()
+    load = asyncio.create_task(run_load(URL, "tiny", clients, 10 * 3600, prompt_words, max_tokens, stop=stop_load))
+    summary: dict[str, object] = {
+        "load": {"model": scenario.model, "flags": list(scenario.flags), "clients": clients, "prompt_words": prompt_words, "max_tokens": max_tokens},
+        "py_spy": {"window_seconds": window, "interval_seconds": interval, "rate": rate, "nonblocking": nonblocking},
+    }
+    default_cost = default_half_width = 0.0
+    try:
+        await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
+        for role, pid in sorted(vllm_pids().items()):
+            source = GilSource(lambda role=role, pid=pid: {role: pid}, window, rate, nonblocking)
+            tokens_per_second: dict[str, list[float]] = {"off": [], "on": []}
+            held: list[float] = []
+            segment = window
+            for pair in range(pairs):
+                for arm in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                    before, started = await asyncio.to_thread(generated_tokens), time.monotonic()
+                    if arm == "on":
+                        reading = await source.collect()
+                        if not reading.ok:
+                            raise RuntimeError(f"py-spy on the {role}: {reading.error}")
+                        held += [value for (name, _), value in reading.samples.items() if name == "gil_held_ratio"]
+                        segment = time.monotonic() - started  # py-spy's start and attach included: they cost too
+                    else:
+                        await asyncio.sleep(segment)
+                    after, ended = await asyncio.to_thread(generated_tokens), time.monotonic()
+                    tokens_per_second[arm].append((after - before) / (ended - started))
+            ratios = [on / off for off, on in zip(tokens_per_second["off"], tokens_per_second["on"], strict=True)]
+            mean, half_width = mean_and_half_width(ratios)
+            default_cost += (1 - mean) * segment / interval
+            default_half_width += half_width * segment / interval
+            summary[role] = {
+                "pairs": pairs,
+                "segment_seconds": round(segment, 2),
+                "tokens_per_second_off": [round(v) for v in tokens_per_second["off"]],
+                "on_over_off": [round(r, 4) for r in ratios],
+                "mean_on_over_off": mean,
+                "ci95_half_width": half_width,
+                "gil_held_ratio_seen": [round(h, 3) for h in held],
+            }
+            print(f"{time.strftime('%H:%M:%S')} {role}: throughput on/off while a window is open {mean:.4f} ± {half_width:.4f} ({pairs} pairs)", flush=True)
+    finally:
+        stop_load.set()
+        load.cancel()
+        stop(server)
+    summary["default_duty_cost"], summary["default_duty_cost_ci95_half_width"] = default_cost, default_half_width
+    print(
+        f"cost at the default ({window:g} s per process every {interval:g} s): {default_cost * 100:.3f} ± {default_half_width * 100:.3f} % "
+        "of the engine's throughput",
         flush=True,
     )
     return summary
@@ -246,13 +325,15 @@ def main() -> None:
         else:
             measurements[-1].append(arg)
     for number, (what, *args) in enumerate(measurements):
-        if what == "gil_ab":
+        if what == "gil_window":
+            summary = asyncio.run(gil_window(out, int(args[0]) if args else 30))
+        elif what == "gil_ab":
             settings = dict(arg.split("=", 1) for arg in args[1:])
             summary = asyncio.run(gil_ab(out, int(args[0]) if args else 4, settings))
         elif what == "cost":
             summary = cost(out, gpu_only_too=args != ["full-only"])
         else:
-            raise SystemExit(f"unknown measurement {what!r}: gil_ab or cost")
+            raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab or cost")
         (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
 
 
