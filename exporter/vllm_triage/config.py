@@ -263,8 +263,8 @@ class Config:
         "URL",
     )
     gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
-    # py-spy's blocking samples pause vLLM: the default duty (3 s per process every 2 minutes) is the one
-    # measured under 2 % of a CPU-bound real engine's throughput (README, bench/real_engine.py gil_ab).
+    # py-spy's blocking samples pause vLLM: a window costs a CPU-bound real engine ~6 % of its throughput while
+    # open, so the default duty (3 s per process every 2 minutes) costs ~0.3 % (README, bench/real_engine.py gil_window).
     gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
     gil_window_seconds: float = option(3.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
