@@ -20,7 +20,7 @@ from vllm_triage.config import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.model import VLLM_SOURCE, Reading, diagnosis_json
 from vllm_triage.report import format_report
-from vllm_triage.sources.vllm import ScrapeError, parse_page
+from vllm_triage.sources.vllm import ScrapeError, SeriesMemo, parse_page
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PAGES = [
@@ -86,6 +86,7 @@ def every_nasty_thing_once(test):  # type: ignore[no-untyped-def]
 def test_no_page_can_break_a_tick_or_an_output(sequence):
     daemon = Daemon(load(env={}, flags={"sources": "vllm", "window_seconds": "10"}), clock=lambda: now)
     now = 1000.0
+    memo: SeriesMemo = {}  # the source's: series of the previous page are not parsed again
     for step, (which, choices) in enumerate(sequence):
         now = 1000.0 + 2 * step
         text = mutate(PAGES[which], SAMPLE_LINES[which], choices)
@@ -94,6 +95,10 @@ def test_no_page_can_break_a_tick_or_an_output(sequence):
             reading = Reading(VLLM_SOURCE, now, True, samples, meta=facts)
         except ScrapeError as error:
             reading = Reading(VLLM_SOURCE, now, False, error=str(error), error_reason=error.reason)
+        try:
+            assert parse_page(text, memo=memo) == (reading.samples, reading.meta), "the memo changed what a page reads as"
+        except ScrapeError as error:
+            assert (error.reason, str(error)) == (reading.error_reason, reading.error), "the memo changed how a page is refused"
         daemon.ingest(reading)
         daemon._tick_if_fed()
         assert daemon.evaluation_error is None, daemon.evaluation_error

@@ -12,8 +12,8 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from functools import lru_cache, partial
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -60,6 +60,7 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
+@lru_cache(maxsize=4096)  # a page's few hundred names recur every scrape; bounded against a churning page
 def _canonical(name: str) -> tuple[str, bool]:
     """Today's name for a sample name, and whether it was renamed."""
     if name in RENAMES:
@@ -99,28 +100,62 @@ def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES, keep: frozenset[
 
 
 ParsedLine = tuple[str, dict[str, str], float]
+SeriesMemo = dict[str, tuple[str, dict[str, str]]]
 
 
-def parse_lines(lines: list[str], memo: dict[str, ParsedLine] | None = None) -> list[ParsedLine]:
-    """Each sample line as (name, labels, value), parsed by prometheus_client's parser. With `memo` (the
-    previous page's lines), a line that did not change is not parsed again — between two scrapes of a
-    busy server a third to a half of them (idle buckets, info gauges) — and the memo becomes this page's."""
-    known: dict[str, ParsedLine] = {} if memo is None else memo
-    fresh = [line for line in lines if line not in known]
+def _value(text: str) -> float:
+    """A sample's value as prometheus_client's parser reads it (no underscores, no padding)."""
+    if "_" in text or text != text.strip():
+        raise ValueError(f"Invalid value: {text!r}")
+    return float(text)
+
+
+def parse_lines(lines: list[str], memo: SeriesMemo | None = None) -> list[ParsedLine]:
+    """Each sample line as (name, labels, value), parsed by prometheus_client's parser. With `memo`, a
+    series seen on the previous page is not parsed again: its name and labels are the memo's and only its
+    value (the text after the last space) is read — labels are most of the parser's time, and a page's
+    series rarely change. A line enters the memo only where its series text and value, split at the last
+    space, read as the parser read the whole line (a timestamp or an exemplar does not); the memo then
+    holds this page's series."""
+    known: SeriesMemo = {} if memo is None else memo
+    result: list[ParsedLine | None] = []
+    fresh: list[tuple[int, str]] = []
+    series_texts: list[str] = []
+    for line in lines:
+        series, _, value_text = line.rpartition(" ")
+        series_texts.append(series)
+        seen = known.get(series)
+        if seen is not None:
+            try:
+                result.append((seen[0], seen[1], _value(value_text)))
+                continue
+            except ValueError:
+                pass  # the parser says what is wrong with it
+        fresh.append((len(result), line))
+        result.append(None)
     if fresh:
+        text = "\n".join(line for _, line in fresh) + "\n"
         try:
-            found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families("\n".join(fresh) + "\n") for s in family.samples]
+            found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
         except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
         if len(found) != len(fresh):
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text: {len(fresh)} sample lines read as {len(found)} samples")
-        known.update(zip(fresh, found, strict=True))
-    result = [known[line] for line in lines]
-    if len(known) > len(lines):  # lines gone from the page leave the memo: it holds one page
-        kept = dict(zip(lines, result, strict=True))
+        for (index, line), (name, labels, value) in zip(fresh, found, strict=True):
+            result[index] = (name, labels, value)
+            series, _, value_text = line.rpartition(" ")
+            try:
+                read, whole = _value(value_text), float(value)
+                same = read == whole or (math.isnan(read) and math.isnan(whole))
+            except (ValueError, OverflowError):
+                same = False
+            if same and series:
+                known[series] = (name, labels)
+    if len(known) > len(lines):  # series gone from the page leave the memo: it holds one page
+        kept = {series: known[series] for series in series_texts if series in known}
         known.clear()
         known.update(kept)
-    return result
+    return cast("list[ParsedLine]", result)
 
 
 # Values past this are no real counter or gauge of vLLM's (10^30 FLOPs is 30 years of an H200 at its
@@ -150,7 +185,7 @@ def parse_page(
     max_engines: int = DEFAULT_MAX_ENGINES,
     max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
     keep: frozenset[str] | None = None,
-    memo: dict[str, ParsedLine] | None = None,
+    memo: SeriesMemo | None = None,
 ) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
     """Parse an exposition page into normalised vLLM samples plus facts about the page.
 
@@ -245,7 +280,7 @@ class VllmSource:
         self.max_series = max_series
         self.max_engines = max_engines
         self.keep = keep  # the samples the signals read (signals.vllm.VLLM_SAMPLES_READ); None: every vllm: sample
-        self._memo: dict[str, ParsedLine] = {}  # the last page's parsed lines (parse_lines)
+        self._memo: SeriesMemo = {}  # the last page's series, parsed (parse_lines)
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._version: str | None = None
