@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import cast
 
 from ..model import Labels
 from ..scope import parse_scope, shared_scopes
@@ -70,6 +71,9 @@ class HistogramDelta:
         return self.sum / self.count if self.count > 0 else None
 
 
+_MISSING = object()
+
+
 class WindowView:
     """The frames of one source over one window, with per-tick caching of derived values."""
 
@@ -101,9 +105,12 @@ class WindowView:
         if cached is None:
             points: list[float] = []
             for frame in self.frames:
-                values = [s.value for s in frame.series(name, scope)]
-                if values:
-                    points.append(combine(values))
+                point = frame.memo.get(key, _MISSING)  # a frame's point is computed once, then read at every tick
+                if point is _MISSING:
+                    values = [s.value for s in frame.series(name, scope)]
+                    frame.memo[key] = point = combine(values) if values else None
+                if point is not None:
+                    points.append(point)  # type: ignore[arg-type]
             self._cache[key] = cached = points
         assert isinstance(cached, list)
         return cached
@@ -115,9 +122,18 @@ class WindowView:
             return self._cache[key]  # type: ignore[return-value]
         result: float | None = None
         if len(self.frames) >= 2:
-            steps = [_counter_step(previous, frame, name, scope, where) for previous, frame in pairwise(self.frames)]
-            if any(seen for _, seen in steps) or any(where is None or where(s.labels) for s in self.frames[0].series(name, scope)):
-                result = sum(increase for increase, _ in steps)
+
+            def advance(total: object, previous: Frame, frame: Frame) -> tuple[float, float | None]:
+                increase, seen = _counter_step(previous, frame, name, scope, where)
+                before, last_seen = cast("tuple[float, float | None]", total)
+                return before + increase, frame.timestamp if seen else last_seen
+
+            first, last = _running_totals(self.frames, ("counter_total", name, scope, where), (0.0, None), advance)
+            (first_total, _), (last_total, last_seen) = cast("tuple[float, float | None]", first), cast("tuple[float, float | None]", last)
+            if (last_seen is not None and last_seen >= self.frames[1].timestamp) or any(
+                where is None or where(s.labels) for s in self.frames[0].series(name, scope)
+            ):
+                result = last_total - first_total
         self._cache[key] = result
         return result
 
@@ -143,10 +159,19 @@ class WindowView:
             return self._cache[key]  # type: ignore[return-value]
         result: HistogramDelta | None = None
         if len(self.frames) >= 2:
-            by_bound: dict[float, float] = {}
-            for previous, frame in pairwise(self.frames):
+
+            def advance(total: object, previous: Frame, frame: Frame) -> tuple[dict[float, float], dict[float, float]]:
+                counts, last_seen = (dict(part) for part in cast("tuple[dict[float, float], dict[float, float]]", total))
                 for bound, increase in _bucket_step(previous, frame, name + "_bucket", scope).items():
-                    by_bound[bound] = by_bound.get(bound, 0.0) + increase
+                    counts[bound] = counts.get(bound, 0.0) + increase
+                    last_seen[bound] = frame.timestamp
+                return counts, last_seen
+
+            first, last = _running_totals(self.frames, ("bucket_totals", name, scope), ({}, {}), advance)
+            first_counts = cast("tuple[dict[float, float], dict[float, float]]", first)[0]
+            last_counts, last_seen = cast("tuple[dict[float, float], dict[float, float]]", last)
+            since = self.frames[1].timestamp  # a bound of the window: one some step inside it has
+            by_bound = {bound: count - first_counts.get(bound, 0.0) for bound, count in last_counts.items() if last_seen[bound] >= since}
             if by_bound:
                 result = HistogramDelta(
                     buckets=sorted(by_bound.items()),
@@ -166,6 +191,26 @@ class WindowView:
 
 # A window's increase is the sum of its steps from one frame to the next; a step depends on its two frames
 # only, so it is kept in the later frame's memo and computed once, not at every tick the frame is in a window.
+# The sum itself is a difference of running totals, which each frame also keeps: a tick adds only the newest step.
+
+
+def _running_totals(frames: list[Frame], key: tuple[object, ...], zero: object, advance: Callable[[object, Frame, Frame], object]) -> tuple[object, object]:
+    """The running total at the window's first and last frame. Each frame's memo holds (where its run
+    started, the frame it follows, its total); an entry of another run or predecessor (a window that
+    computed this key at other ticks) is recomputed, so totals compared are always of one run. Steps that
+    are all zero leave the total bit for bit equal: a counter that stood still has an increase of exactly 0."""
+    head = frames[0]
+    entry = cast("tuple[float, float | None, object] | None", head.memo.get(key))
+    if entry is None:
+        head.memo[key] = entry = (head.timestamp, None, zero)
+    run, _, first = entry
+    total = first
+    for previous, frame in pairwise(frames):
+        found = frame.memo.get(key)  # this loop runs for every counter and histogram at every tick: no cast here
+        if found is None or found[0] != run or found[1] != previous.timestamp:  # type: ignore[index]
+            frame.memo[key] = found = (run, previous.timestamp, advance(total, previous, frame))
+        total = found[2]  # type: ignore[index]
+    return first, total
 
 
 def _counter_step(previous: Frame, frame: Frame, name: str, scope: str, where: Callable[[Labels], bool] | None) -> tuple[float, bool]:
