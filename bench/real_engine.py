@@ -25,7 +25,8 @@ interval; the reference GPU exporter) run side by side over the same window (one
 py-spy round), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
 GPU source only. CPU as a share of one core, RSS, where the
 sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
-50 scrapers. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
+50 scrapers (with 50, also on connections already open), and the RSS of a fresh Python as the sidecar's
+imports, NVML and the GPU source load. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
 Each measurement prints and writes N-<name>.json (N: its place on the command line).
 """
 
@@ -254,12 +255,40 @@ def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: l
 def latencies(url: str) -> dict[str, float]:
     one = asyncio.run(scrape_latencies(url, 1, 300))
     fifty = asyncio.run(scrape_latencies(url, 50, 20))
+    fifty_connected = asyncio.run(scrape_latencies(url, 50, 20, connected=True))
     return {
         "p50_1_ms": statistics.median(one) * 1000,
         "p99_1_ms": percentile(one, 0.99) * 1000,
         "p50_50_ms": statistics.median(fifty) * 1000,
         "p99_50_ms": percentile(fifty, 0.99) * 1000,
+        "p99_50_connected_ms": percentile(fifty_connected, 0.99) * 1000,
     }
+
+
+FOOTPRINT = """
+import json, os, sys
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+steps = {"python": rss()}
+import vllm_triage.cli
+steps["the sidecar's imports"] = rss()
+import pynvml
+pynvml.nvmlInit()
+steps["nvmlInit"] = rss()
+from vllm_triage.sources.gpu import GpuSource
+source = GpuSource()
+source.collect()
+steps["GPU source, first collection (GPM samples allocated)"] = rss()
+source.collect()
+steps["second collection"] = rss()
+print(json.dumps(steps))
+"""
+
+
+def footprint() -> dict[str, float]:
+    """RSS (MB) of a fresh Python as the sidecar's parts load: where its memory goes before it reads anything."""
+    done = subprocess.run([sys.executable, "-c", FOOTPRINT], capture_output=True, text=True, check=True)
+    return {step: round(mb, 1) for step, mb in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def per_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -293,6 +322,7 @@ def cost(out: Path, gpu_only_too: bool) -> dict[str, object]:
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
         summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
+        summary["footprint_rss_mb"] = footprint()
         stop(sidecar)
         if not gpu_only_too:
             return summary
