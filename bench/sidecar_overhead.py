@@ -32,10 +32,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def scrape_latencies(url: str, scrapers: int, requests_each: int, connected: bool = False) -> list[float]:
+async def scrape_latencies(url: str, scrapers: int, requests_each: int, connected: bool = False, pause_seconds: float = 0.0) -> list[float]:
     """Latencies of `scrapers` clients scraping at once, `requests_each` requests each over one kept-alive
     connection. Their first requests open all connections at the same moment (the slowest requests of the
-    run); with `connected` that first request is not timed: what a scraper that keeps its connection sees."""
+    run); with `connected` that first request is not timed: what a scraper that keeps its connection sees.
+    Back to back, one scraper's requests see one moment of the sidecar's 2 s cycle (a tick computing, or
+    not); with `pause_seconds` between them they sample the whole cycle, as scrapes at random times do."""
     latencies: list[float] = []
 
     async def scraper(session: aiohttp.ClientSession) -> None:
@@ -45,6 +47,7 @@ async def scrape_latencies(url: str, scrapers: int, requests_each: int, connecte
                 await response.read()
             if number or not connected:
                 latencies.append(time.perf_counter() - started)
+            await asyncio.sleep(pause_seconds)
 
     connector = aiohttp.TCPConnector(limit=scrapers)
     async with aiohttp.ClientSession(connector=connector) as session:
