@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
+from vllm_triage.model import VLLM_SOURCE, Reading, SeriesKey, make_labels
+from vllm_triage.scope import AGGREGATE_SCOPE
 from vllm_triage.signals.vllm import VLLM_SIGNALS
-from vllm_triage.signals.window import ServerFacts, WindowView, compute_signals, histogram_quantile
-from vllm_triage.store import Store
+from vllm_triage.signals.window import ServerFacts, WindowView, compute_signals, counter_step, histogram_quantile
+from vllm_triage.store import Frame, Store
 
 from .pages import Counters, page, reading
 
@@ -153,3 +156,70 @@ def test_prompt_tokens_by_origin_are_shares_of_the_window():
     assert signals["prompt_tokens_local_compute_ratio"] == pytest.approx(0.3)
     assert signals["prompt_tokens_local_cache_hit_ratio"] == pytest.approx(0.7)
     assert signals["prompt_tokens_external_kv_transfer_ratio"] == 0.0
+
+
+COUNTER, HISTOGRAM = "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds"
+
+
+def _plain_increase(frames: list[Frame], name: str, scope: str) -> float | None:
+    """The definition: the sum of every step of the window, each step over the series both frames have."""
+    if len(frames) < 2:
+        return None
+    total, seen = 0.0, bool(frames[0].series(name, scope))
+    for previous, frame in itertools.pairwise(frames):
+        before = {s.labels: s.value for s in previous.series(name, scope)}
+        for s in frame.series(name, scope):
+            seen = True
+            if s.labels in before:
+                total += counter_step(before[s.labels], s.value)
+    return total if seen else None
+
+
+def _plain_buckets(frames: list[Frame], name: str, scope: str) -> list[tuple[float, float]]:
+    by_bound: dict[float, float] = {}
+    for previous, frame in itertools.pairwise(frames):
+        before = {s.labels: s.value for s in previous.series(name + "_bucket", scope)}
+        for s in frame.series(name + "_bucket", scope):
+            if s.le is not None:
+                by_bound[s.le] = by_bound.get(s.le, 0.0) + (counter_step(before[s.labels], s.value) if s.labels in before else 0.0)
+    return sorted(by_bound.items())
+
+
+def test_window_sums_kept_in_frames_match_the_plain_sums_whatever_windows_ask_and_in_what_order():
+    """Windows of different lengths (a condition's own window beside the global one), asked in any order,
+    over counters that reset, series that come and go and a histogram whose buckets change with a restart,
+    read what summing the window's steps reads."""
+    rng = random.Random(7)
+    store = Store(horizon_seconds=10_000)
+    tokens, buckets = 0.0, [0.0, 0.0, 0.0]
+    for t in range(200):
+        if rng.random() < 0.05:
+            tokens, buckets = 0.0, [0.0, 0.0, 0.0]  # vLLM restarted
+        tokens += rng.choice([0, 0, 5, 17.5])
+        buckets = [b + rng.choice([0, 0, 1]) for b in buckets]
+        buckets = [max(buckets[: i + 1]) for i in range(3)]  # cumulative
+        bounds = ("0.1", "1.0", "+Inf") if t < 120 else ("0.5", "2.0", "+Inf")  # a new layout after a restart
+        samples: dict[SeriesKey, float] = {(COUNTER, make_labels({"engine": "0", "model_name": "m"})): tokens}
+        if t % 3:  # a second engine's series comes and goes
+            samples[(COUNTER, make_labels({"engine": "1", "model_name": "m"}))] = float(t)
+        for le, count in zip(bounds, buckets, strict=True):
+            samples[(HISTOGRAM + "_bucket", make_labels({"engine": "0", "model_name": "m", "le": le}))] = count
+        store.add(Reading(VLLM_SOURCE, float(t), True, samples))
+    asked = [(end - length, end) for end in range(1, 200) for length in (10, 30, 60)]
+    rng.shuffle(asked)
+    for start, end in asked:
+        frames = store.window(VLLM_SOURCE, start, end)
+        view = WindowView(frames)
+        for scope in ("m/0", "m/1", AGGREGATE_SCOPE):
+            assert view.increase(COUNTER, scope) == pytest.approx(_plain_increase(frames, COUNTER, scope), rel=1e-12), (start, end, scope)
+        histogram = view.histogram(HISTOGRAM, "m/0")
+        plain = _plain_buckets(frames, HISTOGRAM, "m/0")
+        assert (histogram.buckets if histogram else []) == plain, (start, end)  # counts: whole numbers, exact
+
+
+def test_a_counter_that_stood_still_increases_by_exactly_zero():
+    """engine_wedged reads "no token in 20 s" as an increase of 0: running totals of fractional steps must
+    not leave a rounding remainder over a window where nothing moved."""
+    store = generated_tokens([(t, 0.1 * t) for t in range(21)] + [(t, 2.0) for t in range(21, 40)])
+    assert WindowView(store.window(VLLM_SOURCE, 0, 39)).increase(COUNTER, "m/0") == pytest.approx(2.0)  # totals from frame 0
+    assert WindowView(store.window(VLLM_SOURCE, 22, 39)).increase(COUNTER, "m/0") == 0.0
