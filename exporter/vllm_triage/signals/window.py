@@ -231,18 +231,15 @@ def _counter_step(previous: Frame, frame: Frame, name: str, scope: str, where: C
 
 
 def _bucket_step(previous: Frame, frame: Frame, name: str, scope: str) -> dict[float, float]:
-    """Increase per bucket bound of the scope's `name` series from `previous` to `frame`."""
-    key = ("bucket_step", name, scope, previous.timestamp)
-    step = frame.memo.get(key)
-    if step is None:
-        before = {s.labels: s.value for s in previous.series(name, scope)}
-        by_bound: dict[float, float] = {}
-        for s in frame.series(name, scope):
-            if s.le is not None:
-                old = before.get(s.labels)
-                by_bound[s.le] = by_bound.get(s.le, 0.0) + (counter_step(old, s.value) if old is not None else 0.0)
-        frame.memo[key] = step = by_bound
-    return step  # type: ignore[return-value]
+    """Increase per bucket bound of the scope's `name` series from `previous` to `frame` (not kept: only
+    the running totals built from it are)."""
+    before = {s.labels: s.value for s in previous.series(name, scope)}
+    by_bound: dict[float, float] = {}
+    for s in frame.series(name, scope):
+        if s.le is not None:
+            old = before.get(s.labels)
+            by_bound[s.le] = by_bound.get(s.le, 0.0) + (counter_step(old, s.value) if old is not None else 0.0)
+    return by_bound
 
 
 @dataclass(frozen=True)
