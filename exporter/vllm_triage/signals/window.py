@@ -72,6 +72,8 @@ class HistogramDelta:
 
 
 _MISSING = object()
+# A histogram's running counts per bound, the bounds of the frame's step, and the first frame with those bounds.
+Totals = tuple[dict[float, float], frozenset[float], float]
 
 
 class WindowView:
@@ -160,18 +162,26 @@ class WindowView:
         result: HistogramDelta | None = None
         if len(self.frames) >= 2:
 
-            def advance(total: object, previous: Frame, frame: Frame) -> tuple[dict[float, float], dict[float, float]]:
-                counts, last_seen = (dict(part) for part in cast("tuple[dict[float, float], dict[float, float]]", total))
-                for bound, increase in _bucket_step(previous, frame, name + "_bucket", scope).items():
+            def advance(total: object, previous: Frame, frame: Frame) -> Totals:
+                # Per frame: the counts so far, the bounds its step had and since when. Frames share what did
+                # not change (the layout object; the counts when no bucket moved): a frame keeps little more.
+                counts, layout, since = cast("Totals", total)
+                step = _bucket_step(previous, frame, name + "_bucket", scope)
+                if step.keys() != layout:
+                    layout, since = frozenset(step), frame.timestamp
+                elif not any(step.values()):
+                    return counts, layout, since
+                counts = dict(counts)
+                for bound, increase in step.items():
                     counts[bound] = counts.get(bound, 0.0) + increase
-                    last_seen[bound] = frame.timestamp
-                return counts, last_seen
+                return counts, layout, since
 
-            first, last = _running_totals(self.frames, ("bucket_totals", name, scope), ({}, {}), advance)
-            first_counts = cast("tuple[dict[float, float], dict[float, float]]", first)[0]
-            last_counts, last_seen = cast("tuple[dict[float, float], dict[float, float]]", last)
-            since = self.frames[1].timestamp  # a bound of the window: one some step inside it has
-            by_bound = {bound: count - first_counts.get(bound, 0.0) for bound, count in last_counts.items() if last_seen[bound] >= since}
+            totals_key = ("bucket_totals", name, scope)
+            first, last = _running_totals(self.frames, totals_key, ({}, frozenset(), self.frames[0].timestamp), advance)
+            first_counts, (last_counts, bounds, since) = cast("Totals", first)[0], cast("Totals", last)
+            if since > self.frames[1].timestamp:  # the layout changed inside the window: its bounds are every step's
+                bounds = frozenset().union(*{id(t[1]): t[1] for t in (cast("Totals", f.memo[totals_key][2]) for f in self.frames[1:])}.values())  # type: ignore[index]
+            by_bound = {bound: last_counts[bound] - first_counts.get(bound, 0.0) for bound in bounds}
             if by_bound:
                 result = HistogramDelta(
                     buckets=sorted(by_bound.items()),
