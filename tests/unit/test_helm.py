@@ -141,14 +141,14 @@ def test_the_sidecar_can_neither_hold_vllm_back_nor_take_its_pod_out_of_service(
 
 
 def test_the_memory_limit_holds_the_sidecar_at_its_engine_bound():
-    """The limit covers what the sidecar was measured to use at the default max_engines (README: 157 MB
+    """The limit covers what the sidecar was measured to use at the default max_engines (README: 123 MB
     at 32 engines), with room: the bound on the page is what bounds the memory."""
     from vllm_triage.config import OPTIONS_BY_KEY
 
     limit = containers(one(render({}), "Deployment"))["vllm-triage"]["resources"]["limits"]["memory"]
-    assert limit.endswith("Mi") and int(limit[:-2]) * 2**20 >= 1.5 * 157e6
+    assert limit.endswith("Mi") and int(limit[:-2]) * 2**20 >= 1.5 * 123e6
     assert OPTIONS_BY_KEY["max_engines"].default == 32
-    assert "157 MB at 32" in (CHART / "values.yaml").read_text()
+    assert "123 MB at 32" in (CHART / "values.yaml").read_text()
 
 
 def test_standalone_the_sidecar_is_ready_only_once_it_has_judged():
