@@ -180,7 +180,7 @@ class WindowView:
             first, last = _running_totals(self.frames, totals_key, ({}, frozenset(), self.frames[0].timestamp), advance)
             first_counts, (last_counts, bounds, since) = cast("Totals", first)[0], cast("Totals", last)
             if since > self.frames[1].timestamp:  # the layout changed inside the window: its bounds are every step's
-                bounds = frozenset().union(*{id(t[1]): t[1] for t in (cast("Totals", f.memo[totals_key][2]) for f in self.frames[1:])}.values())  # type: ignore[index]
+                bounds = frozenset().union(*(cast("Totals", f.memo[totals_key][2])[1] for f in self.frames[1:]))  # type: ignore[index]
             by_bound = {bound: last_counts[bound] - first_counts.get(bound, 0.0) for bound in bounds}
             if by_bound:
                 result = HistogramDelta(
@@ -199,9 +199,9 @@ class WindowView:
         return None
 
 
-# A window's increase is the sum of its steps from one frame to the next; a step depends on its two frames
-# only, so it is kept in the later frame's memo and computed once, not at every tick the frame is in a window.
-# The sum itself is a difference of running totals, which each frame also keeps: a tick adds only the newest step.
+# A window's increase is the sum of its steps from one frame to the next. A step depends on its two frames
+# only, so the sum is a difference of running totals that each frame keeps: a tick adds only the newest step.
+# A counter's step is kept too (step_increases reads the steps one by one); a histogram's is not.
 
 
 def _running_totals(frames: list[Frame], key: tuple[object, ...], zero: object, advance: Callable[[object, Frame, Frame], object]) -> tuple[object, object]:

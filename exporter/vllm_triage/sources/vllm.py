@@ -119,7 +119,7 @@ def parse_lines(lines: list[str], memo: SeriesMemo | None = None) -> list[Parsed
     holds this page's series."""
     known: SeriesMemo = {} if memo is None else memo
     result: list[ParsedLine | None] = []
-    fresh: list[tuple[int, str]] = []
+    fresh: list[tuple[int, str, str, str]] = []  # (where in the result, the line, its series text, its value text)
     series_texts: list[str] = []
     for line in lines:
         series, _, value_text = line.rpartition(" ")
@@ -131,19 +131,18 @@ def parse_lines(lines: list[str], memo: SeriesMemo | None = None) -> list[Parsed
                 continue
             except ValueError:
                 pass  # the parser says what is wrong with it
-        fresh.append((len(result), line))
+        fresh.append((len(result), line, series, value_text))
         result.append(None)
     if fresh:
-        text = "\n".join(line for _, line in fresh) + "\n"
+        text = "\n".join(line for _, line, _, _ in fresh) + "\n"
         try:
             found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
         except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
         if len(found) != len(fresh):
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text: {len(fresh)} sample lines read as {len(found)} samples")
-        for (index, line), (name, labels, value) in zip(fresh, found, strict=True):
+        for (index, _, series, value_text), (name, labels, value) in zip(fresh, found, strict=True):
             result[index] = (name, labels, value)
-            series, _, value_text = line.rpartition(" ")
             try:
                 read, whole = _value(value_text), float(value)
                 same = read == whole or (math.isnan(read) and math.isnan(whole))
