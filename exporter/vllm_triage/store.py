@@ -9,17 +9,23 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
 
 from .model import Labels, Reading, SourceHealth, bucket_bound
 from .scope import AGGREGATE_SCOPE, scope_of, shared_scopes
 
 
-@dataclass(frozen=True, slots=True)
-class Series:
+class Series(NamedTuple):  # a tuple: made for every sample of every reading, so made cheaply
     scope: str
     labels: Labels
     value: float
     le: float | None = None  # a histogram bucket's upper bound, parsed once on arrival
+
+
+@lru_cache(maxsize=16384)  # labels are shared tuples (make_labels): read once per label set (32 engines fit), not per reading
+def _scope_and_bound(labels: Labels, bucket: bool) -> tuple[str, float | None]:
+    return scope_of(labels), bucket_bound(next((v for k, v in labels if k == "le"), None)) if bucket else None
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,10 @@ class Frame:
         grouped: dict[str, list[Series]] = {}
         scoped: dict[str, dict[str, list[Series]]] = {}
         for (name, labels), value in reading.samples.items():
-            le = bucket_bound(next((v for k, v in labels if k == "le"), None)) if name.endswith("_bucket") else None
-            series = Series(scope_of(labels), labels, value, le)
+            scope, le = _scope_and_bound(labels, name.endswith("_bucket"))
+            series = Series(scope, labels, value, le)
             grouped.setdefault(name, []).append(series)
-            scoped.setdefault(series.scope, {}).setdefault(name, []).append(series)
+            scoped.setdefault(scope, {}).setdefault(name, []).append(series)
         by_scope = {scope: {k: tuple(v) for k, v in names.items()} for scope, names in scoped.items()}
         return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, by_scope, reading.meta)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import zip_longest
 from typing import cast
 
 from .window import SignalContext, SignalDef, label_value, mean_of
@@ -19,8 +20,11 @@ BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe 
 
 def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = None) -> list[dict[str, float]]:
     """Per frame: each name's value, averaged over the scope's GPUs; frames lacking one are skipped."""
-    rows: list[dict[str, float]] = []
     key = ("gpu_row", names, ctx.scope, reason)
+    cached = ctx.view.cached(key)  # a clock-event reason's rows are read by two signals
+    if cached is not None:
+        return cast("list[dict[str, float]]", cached)
+    rows: list[dict[str, float]] = []
     for frame in ctx.view.frames:
         row = cast("dict[str, float] | None", frame.memo.get(key))  # a frame's row is computed once, then read by every tick
         if row is None:
@@ -34,6 +38,7 @@ def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = Non
             frame.memo[key] = row
         if row:
             rows.append(row)
+    ctx.view.keep(key, rows)
     return rows
 
 
@@ -113,8 +118,8 @@ def _throttled_ratio(ctx: SignalContext) -> float | None:
     frames = max((len(rows) for rows in per_reason), default=0)
     if frames == 0:
         return None
-    braked = [max(rows[i]["gpu_clock_event_active"] if i < len(rows) else 0.0 for rows in per_reason) for i in range(frames)]
-    return mean_of(braked)
+    active = [[row["gpu_clock_event_active"] for row in rows] for rows in per_reason]
+    return mean_of([max(values) for values in zip_longest(*active, fillvalue=0.0)])
 
 
 def _reason_ratio(reason: str) -> Callable[[SignalContext], float | None]:

@@ -83,6 +83,13 @@ class WindowView:
         self.frames = frames
         self._cache: dict[tuple[object, ...], object] = {}
 
+    def cached(self, key: tuple[object, ...]) -> object | None:
+        """A value a signal table derived from this window this tick (`keep`), for the next signal that needs it."""
+        return self._cache.get(key)
+
+    def keep(self, key: tuple[object, ...], value: object) -> None:
+        self._cache[key] = value
+
     @property
     def span_seconds(self) -> float:
         return self.frames[-1].timestamp - self.frames[0].timestamp if len(self.frames) >= 2 else 0.0
@@ -180,7 +187,7 @@ class WindowView:
             first, last = _running_totals(self.frames, totals_key, ({}, frozenset(), self.frames[0].timestamp), advance)
             first_counts, (last_counts, bounds, since) = cast("Totals", first)[0], cast("Totals", last)
             if since > self.frames[1].timestamp:  # the layout changed inside the window: its bounds are every step's
-                bounds = frozenset().union(*(cast("Totals", f.memo[totals_key][2])[1] for f in self.frames[1:]))  # type: ignore[index]
+                bounds = frozenset(s.le for f in self.frames[1:] for s in f.series(name + "_bucket", scope) if s.le is not None)
             by_bound = {bound: last_counts[bound] - first_counts.get(bound, 0.0) for bound in bounds}
             if by_bound:
                 result = HistogramDelta(
@@ -206,20 +213,26 @@ class WindowView:
 
 def _running_totals(frames: list[Frame], key: tuple[object, ...], zero: object, advance: Callable[[object, Frame, Frame], object]) -> tuple[object, object]:
     """The running total at the window's first and last frame. Each frame's memo holds (where its run
-    started, the frame it follows, its total); an entry of another run or predecessor (a window that
-    computed this key at other ticks) is recomputed, so totals compared are always of one run. Steps that
-    are all zero leave the total bit for bit equal: a counter that stood still has an increase of exactly 0."""
+    started, the frame it follows, its total). A run starts at a frame that had no total yet and is only
+    ever extended forward over the store's frames, so any two totals of one run differ by exactly the steps
+    between them, whatever windows asked in between: only the frames after the newest one of the head's run
+    are computed (at a tick, the new frame). Steps that are all zero leave the total bit for bit equal: a
+    counter that stood still has an increase of exactly 0."""
     head = frames[0]
     entry = cast("tuple[float, float | None, object] | None", head.memo.get(key))
     if entry is None:
         head.memo[key] = entry = (head.timestamp, None, zero)
     run, _, first = entry
-    total = first
-    for previous, frame in pairwise(frames):
-        found = frame.memo.get(key)  # this loop runs for every counter and histogram at every tick: no cast here
-        if found is None or found[0] != run or found[1] != previous.timestamp:  # type: ignore[index]
-            frame.memo[key] = found = (run, previous.timestamp, advance(total, previous, frame))
-        total = found[2]  # type: ignore[index]
+    index = len(frames) - 1
+    while index > 0:  # the newest frame that already holds a total of this run
+        found = frames[index].memo.get(key)
+        if found is not None and found[0] == run and found[1] == frames[index - 1].timestamp:  # type: ignore[index]
+            break
+        index -= 1
+    total = first if index == 0 else frames[index].memo[key][2]  # type: ignore[index]
+    for previous, frame in pairwise(frames[index:]):
+        total = advance(total, previous, frame)
+        frame.memo[key] = (run, previous.timestamp, total)
     return first, total
 
 
