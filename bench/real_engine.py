@@ -3,7 +3,7 @@ tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
 
     python3 -m bench.real_engine OUT_DIR gil_window [PAIRS]  what one py-spy window costs while open, and so the default
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
-    python3 -m bench.real_engine OUT_DIR cost [full-only] the sidecar beside nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N]   the sidecar beside nvitop-exporter, one run, same load
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
 
 gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS pairs of two short
@@ -22,7 +22,7 @@ go off/on, on/off, ... so that drift cancels out.
 
 cost: the 1B model serving 32 clients; the sidecar (all defaults) and nvitop-exporter (its default 1 s
 interval; the reference GPU exporter) run side by side over the same window (one GIL interval, so one
-py-spy round), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
+py-spy round; `windows=N`: N such windows back to back), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
 GPU source only. CPU as a share of one core, RSS, where the
 sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
 50 scrapers (one scraper also with its requests spread over 30 s; 50 also on connections already open), and the RSS of a fresh Python as the sidecar's
@@ -42,6 +42,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -246,10 +247,22 @@ def measure(processes: dict[str, psutil.Process], seconds: float, scrape_urls: l
         after, start = p.cpu_times(), before[name]
         own = (after.user + after.system - start.user - start.system) / wall
         children = (after.children_user + after.children_system - start.children_user - start.children_system) / wall  # py-spy
-        result[name] = {"cpu_percent_of_core": own * 100, "children_cpu_percent_of_core": children * 100, "rss_mb": p.memory_info().rss / 1e6}
+        result[name] = {
+            "cpu_percent_of_core": own * 100,
+            "children_cpu_percent_of_core": children * 100,
+            "rss_mb": p.memory_info().rss / 1e6,
+            **resident_parts(p.pid),
+            "threads": p.num_threads(),
+        }
     for url, latencies in zip(scrape_urls, scrapes, strict=True):
         print(f"  {url}: {len(latencies)} Prometheus-like scrapes, slowest {max(latencies) * 1000:.2f} ms", flush=True)
     return result
+
+
+def resident_parts(pid: int) -> dict[str, float]:
+    """RSS split as the kernel counts it (MB): anonymous memory (heap, code objects) and mapped files (libraries)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {f"{key.lower()}_mb": int(fields[key].split()[0]) * 1024 / 1e6 for key in ("RssAnon", "RssFile") if key in fields}
 
 
 def latencies(url: str) -> dict[str, float]:
@@ -271,7 +284,9 @@ def latencies(url: str) -> dict[str, float]:
 FOOTPRINT = """
 import json, os, sys
 def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    pages = open("/proc/self/statm").read().split()
+    resident, shared = (int(pages[i]) * os.sysconf("SC_PAGE_SIZE") / 1e6 for i in (1, 2))
+    return {"rss": resident, "files": shared}
 steps = {"python": rss()}
 import vllm_triage.cli
 steps["the sidecar's imports"] = rss()
@@ -288,10 +303,11 @@ print(json.dumps(steps))
 """
 
 
-def footprint() -> dict[str, float]:
-    """RSS (MB) of a fresh Python as the sidecar's parts load: where its memory goes before it reads anything."""
+def footprint() -> dict[str, dict[str, float]]:
+    """RSS (MB, and of it mapped files: libraries) of a fresh Python as the sidecar's parts load: where its memory goes before it reads anything."""
     done = subprocess.run([sys.executable, "-c", FOOTPRINT], capture_output=True, text=True, check=True)
-    return {step: round(mb, 1) for step, mb in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    steps = json.loads(done.stdout.strip().splitlines()[-1]).items()
+    return {step: {part: round(mb, 1) for part, mb in parts.items()} for step, parts in steps}
 
 
 def per_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -299,7 +315,7 @@ def per_stage(before: dict[str, float], after: dict[str, float], seconds: float)
     return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
 
 
-def cost(out: Path, gpu_only_too: bool) -> dict[str, object]:
+def cost(out: Path, gpu_only_too: bool, windows: int) -> dict[str, Any]:
     seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
     scenario = SCENARIOS["serving"]
@@ -312,16 +328,18 @@ def cost(out: Path, gpu_only_too: bool) -> dict[str, object]:
         stdout=(out / "nvitop-exporter.log").open("wb"), stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     sidecar = start_sidecar(out / "cost-full", "vllm,process,gpu,gil")
-    summary: dict[str, object] = {"machine": f"{psutil.cpu_count()} cores", "window_seconds": seconds}
+    summary: dict[str, Any] = {"machine": f"{psutil.cpu_count()} cores", "window_seconds": seconds}
     try:
         sidecar_url, nvitop_url = f"http://127.0.0.1:{SIDECAR_PORT}/metrics", f"http://127.0.0.1:{NVITOP_PORT}/metrics"
         wait_listening(sidecar_url)
         wait_listening(nvitop_url)
         time.sleep(20)  # windows fill; the first py-spy round is over (the next one falls in the window)
         processes = {"sidecar_all_defaults": psutil.Process(sidecar.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
-        before = stage_seconds(sidecar_url)
-        summary["side_by_side"] = measure(processes, seconds, [sidecar_url, nvitop_url])
-        summary["sidecar_stages_percent_of_core"] = per_stage(before, stage_seconds(sidecar_url), seconds)
+        summary["side_by_side"], summary["sidecar_stages_percent_of_core"] = [], []
+        for _ in range(windows):  # back to back: how much the ratio moves between windows of one run
+            before = stage_seconds(sidecar_url)
+            summary["side_by_side"].append(measure(processes, seconds, [sidecar_url, nvitop_url]))
+            summary["sidecar_stages_percent_of_core"].append(per_stage(before, stage_seconds(sidecar_url), seconds))
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
         summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
@@ -364,7 +382,8 @@ def main() -> None:
             settings = dict(arg.split("=", 1) for arg in args[1:])
             summary = asyncio.run(gil_ab(out, int(args[0]) if args else 4, settings))
         elif what == "cost":
-            summary = cost(out, gpu_only_too=args != ["full-only"])
+            windows = next((int(a.removeprefix("windows=")) for a in args if a.startswith("windows=")), 1)
+            summary = cost(out, gpu_only_too="full-only" not in args, windows=windows)
         else:
             raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab or cost")
         (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
