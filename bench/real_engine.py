@@ -1,16 +1,19 @@
 """Costs measured beside the real vLLM 0.26.0 on the H200 (runs ON the GPU machine, after
 tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
 
-    python3 -m bench.real_engine OUT_DIR gil_window [PAIRS]  what one py-spy window costs while open, and so the default
+    python3 -m bench.real_engine OUT_DIR gil_window [PAIRS] [modes=blocking,nonblocking]  what one py-spy window costs
+                                                          while open (per mode, round by round), and so the default
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
-    python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N]   the sidecar beside nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N] [SETTING=VALUE...]  the sidecar beside
+                                                          nvitop-exporter, one run, same load
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
 
-gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS pairs of two short
-segments, one in which the GIL source (the sidecar's own class, at the default window, rate and blocking)
-samples that process for one window and one as long without it, in alternating order. Segments of a few
-seconds are too short for the load to drift, so the on/off ratio resolves what a window costs while open.
-The default's cost follows: each role's in-window cost times the share of the time its window is open
+gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS rounds of short
+segments: one in which the GIL source (the sidecar's own class, at the default window and rate) samples that
+process for one window in each mode asked (blocking, nonblocking), and one as long without it, each arm first
+in turn. Segments of a few seconds are too short for the load to drift, so the on/off ratio resolves what a
+window costs while open; py-spy's own CPU per window and the GIL share it read are kept per mode. The
+default duty's cost follows: each role's in-window cost times the share of the time its window is open
 (gil_window_seconds / gil_interval_seconds), summed over the two roles.
 
 gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
@@ -20,7 +23,7 @@ gil_nonblocking=true) or with vllm,process,gpu (GIL off). A window lasts one GIL
 holds exactly one py-spy round, as in a long run. Throughput is vLLM's own generation-token counter over the window; windows
 go off/on, on/off, ... so that drift cancels out.
 
-cost: the 1B model serving 32 clients; the sidecar (all defaults) and nvitop-exporter (its default 1 s
+cost: the 1B model serving 32 clients; the sidecar (all defaults, or the settings given) and nvitop-exporter (its default 1 s
 interval; the reference GPU exporter) run side by side over the same window (one GIL interval, so one
 py-spy round; `windows=N`: N such windows back to back), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
 GPU source only. CPU as a share of one core, RSS, where the
@@ -36,6 +39,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -164,63 +168,80 @@ def mean_and_half_width(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), 2 * statistics.stdev(values) / len(values) ** 0.5
 
 
-async def gil_window(out: Path, pairs: int) -> dict[str, object]:
+def children_cpu_seconds() -> float:
+    """CPU of this process' finished children: the py-spy runs the GIL source started."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str, object]:
     scenario = SCENARIOS["cpu_bound"]
     clients, prompt_words, max_tokens = 128, 8, 16
     window, interval = (float(OPTIONS_BY_KEY[key].default) for key in ("gil_window_seconds", "gil_interval_seconds"))
-    rate, nonblocking = OPTIONS_BY_KEY["gil_rate"].default, OPTIONS_BY_KEY["gil_nonblocking"].default
+    rate = OPTIONS_BY_KEY["gil_rate"].default
     server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "gil_window-vllm.log")
     stop_load = asyncio.Event()
     load = asyncio.create_task(run_load(URL, "tiny", clients, 10 * 3600, prompt_words, max_tokens, stop=stop_load))
-    summary: dict[str, object] = {
+    summary: dict[str, Any] = {
         "load": {"model": scenario.model, "flags": list(scenario.flags), "clients": clients, "prompt_words": prompt_words, "max_tokens": max_tokens},
-        "py_spy": {"window_seconds": window, "interval_seconds": interval, "rate": rate, "nonblocking": nonblocking},
+        "py_spy": {"window_seconds": window, "interval_seconds": interval, "rate": rate, "modes": list(modes)},
     }
-    default_cost = default_half_width = 0.0
+    default_cost = dict.fromkeys(modes, 0.0)
+    default_half_width = dict.fromkeys(modes, 0.0)
     try:
         await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
         for role, pid in sorted(vllm_pids().items()):
-            source = GilSource(lambda role=role, pid=pid: {role: pid}, window, rate, nonblocking)
-            tokens_per_second: dict[str, list[float]] = {"off": [], "on": []}
-            held: list[float] = []
+            sources = {mode: GilSource(lambda role=role, pid=pid: {role: pid}, window, rate, mode == "nonblocking") for mode in modes}
+            tokens_per_second: dict[str, list[float]] = {arm: [] for arm in ("off", *modes)}
+            held: dict[str, list[float]] = {mode: [] for mode in modes}
+            py_spy_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             segment = window
+            arms = ("off", *modes)
             for pair in range(pairs):
-                for arm in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                for arm in arms[pair % len(arms) :] + arms[: pair % len(arms)]:  # each arm first in turn: drift cancels
                     before, started = await asyncio.to_thread(generated_tokens), time.monotonic()
-                    if arm == "on":
-                        reading = await source.collect()
+                    if arm != "off":
+                        children = children_cpu_seconds()
+                        reading = await sources[arm].collect()
                         if not reading.ok:
-                            raise RuntimeError(f"py-spy on the {role}: {reading.error}")
-                        held += [value for (name, _), value in reading.samples.items() if name == "gil_held_ratio"]
+                            raise RuntimeError(f"py-spy ({arm}) on the {role}: {reading.error}")
+                        py_spy_cpu[arm].append(children_cpu_seconds() - children)
+                        held[arm] += [value for (name, _), value in reading.samples.items() if name == "gil_held_ratio"]
                         segment = time.monotonic() - started  # py-spy's start and attach included: they cost too
                     else:
                         await asyncio.sleep(segment)
                     after, ended = await asyncio.to_thread(generated_tokens), time.monotonic()
                     tokens_per_second[arm].append((after - before) / (ended - started))
-            ratios = [on / off for off, on in zip(tokens_per_second["off"], tokens_per_second["on"], strict=True)]
-            mean, half_width = mean_and_half_width(ratios)
-            default_cost += (1 - mean) * segment / interval
-            default_half_width += half_width * segment / interval
-            summary[role] = {
-                "pairs": pairs,
-                "segment_seconds": round(segment, 2),
-                "tokens_per_second_off": [round(v) for v in tokens_per_second["off"]],
-                "on_over_off": [round(r, 4) for r in ratios],
-                "mean_on_over_off": mean,
-                "ci95_half_width": half_width,
-                "gil_held_ratio_seen": [round(h, 3) for h in held],
-            }
-            print(f"{time.strftime('%H:%M:%S')} {role}: throughput on/off while a window is open {mean:.4f} ± {half_width:.4f} ({pairs} pairs)", flush=True)
+            summary[role] = {"pairs": pairs, "segment_seconds": round(segment, 2), "tokens_per_second_off": [round(v) for v in tokens_per_second["off"]]}
+            for mode in modes:
+                ratios = [on / off for off, on in zip(tokens_per_second["off"], tokens_per_second[mode], strict=True)]
+                mean, half_width = mean_and_half_width(ratios)
+                default_cost[mode] += (1 - mean) * segment / interval
+                default_half_width[mode] += half_width * segment / interval
+                summary[role][mode] = {
+                    "on_over_off": [round(r, 4) for r in ratios],
+                    "mean_on_over_off": mean,
+                    "ci95_half_width": half_width,
+                    "gil_held_ratio_seen": [round(h, 3) for h in held[mode]],
+                    "py_spy_cpu_seconds_per_window": statistics.mean(py_spy_cpu[mode]),
+                }
+                print(
+                    f"{time.strftime('%H:%M:%S')} {role} {mode}: throughput on/off while a window is open {mean:.4f} ± {half_width:.4f} "
+                    f"({pairs} pairs), py-spy {statistics.mean(py_spy_cpu[mode]) * 1000:.0f} ms CPU a window, GIL held "
+                    f"{statistics.mean(held[mode]) if held[mode] else float('nan'):.3f}",
+                    flush=True,
+                )
     finally:
         stop_load.set()
         load.cancel()
         stop(server)
     summary["default_duty_cost"], summary["default_duty_cost_ci95_half_width"] = default_cost, default_half_width
-    print(
-        f"cost at the default ({window:g} s per process every {interval:g} s): {default_cost * 100:.3f} ± {default_half_width * 100:.3f} % "
-        "of the engine's throughput",
-        flush=True,
-    )
+    for mode in modes:
+        print(
+            f"cost at the default duty ({window:g} s per process every {interval:g} s), {mode}: {default_cost[mode] * 100:.3f} ± "
+            f"{default_half_width[mode] * 100:.3f} % of the engine's throughput",
+            flush=True,
+        )
     return summary
 
 
@@ -315,7 +336,7 @@ def per_stage(before: dict[str, float], after: dict[str, float], seconds: float)
     return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
 
 
-def cost(out: Path, gpu_only_too: bool, windows: int) -> dict[str, Any]:
+def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) -> dict[str, Any]:
     seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
     scenario = SCENARIOS["serving"]
@@ -327,8 +348,8 @@ def cost(out: Path, gpu_only_too: bool, windows: int) -> dict[str, Any]:
         [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(NVITOP_PORT)],
         stdout=(out / "nvitop-exporter.log").open("wb"), stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
-    sidecar = start_sidecar(out / "cost-full", "vllm,process,gpu,gil")
-    summary: dict[str, Any] = {"machine": f"{psutil.cpu_count()} cores", "window_seconds": seconds}
+    sidecar = start_sidecar(out / "cost-full", "vllm,process,gpu,gil", settings=settings)
+    summary: dict[str, Any] = {"machine": f"{psutil.cpu_count()} cores", "window_seconds": seconds, "sidecar_settings": settings}
     try:
         sidecar_url, nvitop_url = f"http://127.0.0.1:{SIDECAR_PORT}/metrics", f"http://127.0.0.1:{NVITOP_PORT}/metrics"
         wait_listening(sidecar_url)
@@ -377,13 +398,15 @@ def main() -> None:
             measurements[-1].append(arg)
     for number, (what, *args) in enumerate(measurements):
         if what == "gil_window":
-            summary = asyncio.run(gil_window(out, int(args[0]) if args else 30))
+            modes = next((tuple(a.removeprefix("modes=").split(",")) for a in args if a.startswith("modes=")), ("blocking",))
+            summary = asyncio.run(gil_window(out, next((int(a) for a in args if a.isdigit()), 30), modes))
         elif what == "gil_ab":
             settings = dict(arg.split("=", 1) for arg in args[1:])
             summary = asyncio.run(gil_ab(out, int(args[0]) if args else 4, settings))
         elif what == "cost":
-            windows = next((int(a.removeprefix("windows=")) for a in args if a.startswith("windows=")), 1)
-            summary = cost(out, gpu_only_too="full-only" not in args, windows=windows)
+            settings = dict(a.split("=", 1) for a in args if "=" in a)
+            windows = int(settings.pop("windows", "1"))
+            summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings)
         else:
             raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab or cost")
         (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
