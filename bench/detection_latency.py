@@ -2,7 +2,7 @@
 the bundled demo capture (a real vLLM 0.26.0 on an H200 with all four sources, driven through idle /
 client underload / KV-cache saturation / recovery; tests/gpu/real_vllm.py, scenario serving) on the
 virtual clock and reports every
-transition against the phase it happened in. Prints a table; enforces nothing.
+transition against the phase it happened in, and the CPU a tick took. Prints a table; enforces nothing.
 
     .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE]
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import time
 
 from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import load
@@ -44,8 +45,12 @@ def main() -> None:
                 transitions.append((snapshot.timestamp - start, verdict.condition, before, verdict.state))
             states[verdict.condition] = verdict.state
 
+    cpu_before = time.process_time()
     replay(readings, config, on_tick)
+    ticks = int((readings[-1].timestamp - start) / config.tick_seconds) + 1
+    cpu_per_tick = (time.process_time() - cpu_before) / ticks
     print(f"capture {args.capture}: {readings[-1].timestamp - start:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")
+    print(f"replayed {ticks} ticks: {cpu_per_tick * 1000:.2f} ms of CPU a tick (ingesting its readings, evaluating, the verdicts' bookkeeping above)")
     print("phases: " + ", ".join(f"{name} {lo:.0f}-{hi:.0f} s" for name, lo, hi in phases))
     print(f"{'at':>7}  {'condition':<28} {'change':<20} phase (seconds into it)")
     for at, condition, before, after in transitions:

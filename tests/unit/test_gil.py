@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 import psutil
@@ -18,61 +17,15 @@ import pytest
 import vllm_triage
 from vllm_triage.sources.gil import GilSource, find_py_spy, hot_functions
 
-# A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL),
-# next to a main thread blocked in C (no GIL either). Sleeps overshoot on a loaded machine, so the
-# target writes the share of wall time it really spun; that, not the nominal duty, is the truth.
-TARGET = textwrap.dedent(
-    """
-    import sys, threading, time
-    duty, truth = float(sys.argv[1]), sys.argv[2]
-    started, spun = time.perf_counter(), 0.0
-    def spin_a_share_of_each_period():
-        global spun
-        while True:
-            start = time.perf_counter()
-            while time.perf_counter() - start < 0.02 * duty:
-                pass
-            spun += time.perf_counter() - start
-            time.sleep(0.02 * (1 - duty))
-            with open(truth, "w") as out:
-                out.write(f"{spun} {time.perf_counter() - started}")
-    threading.Thread(target=spin_a_share_of_each_period, daemon=True).start()
-    time.sleep(600)
-    """
-)
-
-
-def sample(duty: float, tmp_path) -> tuple[float, float, list]:
-    """(GIL held ratio py-spy saw, share of the window the target really held the GIL, hot functions)."""
-    truth = tmp_path / "truth"
-    target = subprocess.Popen([sys.executable, "-c", TARGET, str(duty), str(truth)])
-
-    def spun_and_elapsed() -> tuple[float, float]:
-        while True:
-            fields = truth.read_text().split() if truth.exists() else []
-            if len(fields) == 2:  # not caught mid-write
-                return float(fields[0]), float(fields[1])
-            time.sleep(0.01)
-
-    try:
-        time.sleep(0.5)
-        spun_before, elapsed_before = spun_and_elapsed()
-        source = GilSource(lambda: {"engine_core": target.pid}, window_seconds=3, rate=100)
-        reading = asyncio.run(source.collect())
-        spun_after, elapsed_after = spun_and_elapsed()
-    finally:
-        target.kill()
-    assert reading.ok, reading.error
-    held = next(v for (name, labels), v in reading.samples.items() if name == "gil_held_ratio")
-    hot = [dict(labels) for (name, labels), _ in reading.samples.items() if name == "gil_hot_function_ratio"]
-    return held, (spun_after - spun_before) / (elapsed_after - elapsed_before), hot
+from tests.support.gil_target import sample_known_duty
 
 
 @pytest.mark.parametrize("duty", [0.0, 0.5, 0.9])
 def test_gil_held_ratio_matches_a_known_duty_cycle(duty, tmp_path):
     # Blocking mode (the default) read 0.03-0.07 below the truth here at every duty; 0.15 leaves room
     # for a loaded CI machine and still fails a ratio that is wrong in kind (0, 1, or not GIL-only).
-    held, truth, hot = sample(duty, tmp_path)
+    reading, held, truth = sample_known_duty(duty, tmp_path)
+    hot = [dict(labels) for (name, labels), _ in reading.samples.items() if name == "gil_hot_function_ratio"]
     assert abs(held - truth) <= 0.15, (held, truth)
     if duty:
         assert any(h["function"] == "spin_a_share_of_each_period" and h["role"] == "engine_core" for h in hot)
