@@ -268,7 +268,13 @@ class Config:
     gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
     gil_window_seconds: float = option(3.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
-    gil_nonblocking: bool = option(False, _boolean, "py-spy --nonblocking (measured slower for vLLM on the CPU; see bench/).", "BOOL")
+    gil_nonblocking: bool = option(
+        False,
+        _boolean,
+        "py-spy --nonblocking: on the H200 half py-spy's CPU and no measurable cost to vLLM, but a lower GIL share read than "
+        "blocking; on the 2-core CPU build it cost vLLM more (README, Measured).",
+        "BOOL",
+    )
     engine_liveness_endpoint: bool = option(
         False,
         _boolean,
