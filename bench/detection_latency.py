@@ -38,7 +38,11 @@ def main() -> None:
     states: dict[str, str] = {}
     transitions: list[tuple[float, str, str, str]] = []
 
+    ticks = 0
+
     def on_tick(snapshot: Snapshot) -> None:
+        nonlocal ticks
+        ticks += 1
         for verdict in snapshot.verdicts:
             before = states.get(verdict.condition, "inactive")
             if verdict.state != before and "active" in (verdict.state, before):
@@ -47,7 +51,6 @@ def main() -> None:
 
     cpu_before = time.process_time()
     replay(readings, config, on_tick)
-    ticks = int((readings[-1].timestamp - start) / config.tick_seconds) + 1
     cpu_per_tick = (time.process_time() - cpu_before) / ticks
     print(f"capture {args.capture}: {readings[-1].timestamp - start:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")
     print(f"replayed {ticks} ticks: {cpu_per_tick * 1000:.2f} ms of CPU a tick (ingesting its readings, evaluating, the verdicts' bookkeeping above)")

@@ -31,8 +31,8 @@ def on_gpus(reading: Reading, gpus: int) -> Reading:
             copied = {k: (str(index) if k == "gpu" else f"{v}-{index}" if k == "uuid" else v) for k, v in labels}
             samples[(name, make_labels(copied))] = value
     listed = reading.meta.get("gpus", [])
-    meta = {**reading.meta, "gpus": [*listed, *({**g, "gpu": i, "uuid": f"{g['uuid']}-{i}"} for g in listed[:1] for i in range(1, gpus))]}
-    return dataclasses.replace(reading, samples=samples, meta=meta)
+    copies = [{**listed[0], "gpu": index, "uuid": f"{listed[0]['uuid']}-{index}"} for index in range(1, gpus)] if listed else []
+    return dataclasses.replace(reading, samples=samples, meta={**reading.meta, "gpus": [*listed, *copies]})
 
 
 def main() -> None:

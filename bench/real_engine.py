@@ -192,11 +192,11 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
         await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
         for role, pid in sorted(vllm_pids().items()):
             sources = {mode: GilSource(lambda role=role, pid=pid: {role: pid}, window, rate, mode == "nonblocking") for mode in modes}
-            tokens_per_second: dict[str, list[float]] = {arm: [] for arm in ("off", *modes)}
+            arms = ("off", *modes)
+            tokens_per_second: dict[str, list[float]] = {arm: [] for arm in arms}
             held: dict[str, list[float]] = {mode: [] for mode in modes}
             py_spy_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             segment = window
-            arms = ("off", *modes)
             for pair in range(pairs):
                 for arm in arms[pair % len(arms) :] + arms[: pair % len(arms)]:  # each arm first in turn: drift cancels
                     before, started = await asyncio.to_thread(generated_tokens), time.monotonic()

@@ -21,9 +21,11 @@ BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe 
 def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = None) -> list[dict[str, float]]:
     """Per frame: each name's value, averaged over the scope's GPUs; frames lacking one are skipped."""
     key = ("gpu_row", names, ctx.scope, reason)
-    cached = ctx.view.cached(key)  # a clock-event reason's rows are read by two signals
-    if cached is not None:
-        return cast("list[dict[str, float]]", cached)
+    return ctx.view.once(key, lambda: _rows(ctx, names, reason, key))  # a clock-event reason's rows are read by two signals
+
+
+def _rows(ctx: SignalContext, names: tuple[str, ...], reason: str | None, key: tuple[object, ...]) -> list[dict[str, float]]:
+    """_frames' rows, each frame's taken from its memo where an earlier tick built it."""
     rows: list[dict[str, float]] = []
     for frame in ctx.view.frames:
         row = cast("dict[str, float] | None", frame.memo.get(key))  # a frame's row is computed once, then read by every tick
@@ -38,7 +40,6 @@ def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = Non
             frame.memo[key] = row
         if row:
             rows.append(row)
-    ctx.view.keep(key, rows)
     return rows
 
 
@@ -115,8 +116,7 @@ def _busy_ratio(ctx: SignalContext) -> float | None:
 def _throttled_ratio(ctx: SignalContext) -> float | None:
     """Share of the window with a hardware/thermal brake set (SW power cap alone is normal at full load)."""
     per_reason = [_frames(ctx, ("gpu_clock_event_active",), reason) for reason in THROTTLE_REASONS]
-    frames = max((len(rows) for rows in per_reason), default=0)
-    if frames == 0:
+    if not any(per_reason):
         return None
     active = [[row["gpu_clock_event_active"] for row in rows] for rows in per_reason]
     return mean_of([max(values) for values in zip_longest(*active, fillvalue=0.0)])

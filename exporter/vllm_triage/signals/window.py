@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import cast
+from typing import TypeVar, cast
 
 from ..model import Labels
 from ..scope import parse_scope, shared_scopes
@@ -72,6 +72,7 @@ class HistogramDelta:
 
 
 _MISSING = object()
+T = TypeVar("T")
 # A histogram's running counts per bound, the bounds of the frame's step, and the first frame with those bounds.
 Totals = tuple[dict[float, float], frozenset[float], float]
 
@@ -83,12 +84,11 @@ class WindowView:
         self.frames = frames
         self._cache: dict[tuple[object, ...], object] = {}
 
-    def cached(self, key: tuple[object, ...]) -> object | None:
-        """A value a signal table derived from this window this tick (`keep`), for the next signal that needs it."""
-        return self._cache.get(key)
-
-    def keep(self, key: tuple[object, ...], value: object) -> None:
-        self._cache[key] = value
+    def once(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+        """compute(), derived from this window once a tick, for every signal that asks for it under `key`."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]  # type: ignore[return-value]
 
     @property
     def span_seconds(self) -> float:
