@@ -1,6 +1,7 @@
 """How well the GIL source reads a process whose GIL share is known, in both py-spy modes, as the target
-grows threads as vLLM's engine core does (~90, some of them taking the GIL often). Prints one line per
-case; enforces nothing (tests/unit/test_gil.py checks the plain case).
+grows threads as vLLM's engine core does (~90, some of them taking the GIL often) and as its stack
+changes all the time (churn: what makes nonblocking reads fail). Prints one line per case; enforces
+nothing (tests/unit/test_gil.py checks the cases).
 
     .venv/bin/python -m bench.gil_accuracy [--repeats 3] [--duty 0.6]
 
@@ -14,9 +15,16 @@ import os
 import tempfile
 from pathlib import Path
 
+from vllm_triage.model import Reading
+
 from tests.support.gil_target import sample_known_duty
 
-CASES = ((0, 0), (90, 0), (90, 8))  # (threads asleep, threads taking the GIL every millisecond)
+# (threads asleep, threads taking the GIL every millisecond, a churning stack)
+CASES = ((0, 0, False), (90, 0, False), (90, 8, False), (90, 0, True), (90, 8, True))
+
+
+def failed_share(reading: Reading) -> float:
+    return next(v for (name, _), v in reading.samples.items() if name == "gil_failed_sample_ratio")
 
 
 def main() -> None:
@@ -24,14 +32,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--duty", type=float, default=0.6)
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores; one 3 s window at 20 Hz per reading; read (truth)")
+    print(f"{os.cpu_count()} cores; one 3 s window at 20 Hz per reading; read (truth, share of samples py-spy failed to read)")
     with tempfile.TemporaryDirectory() as folder:
-        for idle, wakers in CASES:
+        for idle, wakers, churn in CASES:
             for nonblocking in (False, True):
-                readings = [sample_known_duty(args.duty, Path(folder), idle, wakers, rate=20, nonblocking=nonblocking) for _ in range(args.repeats)]
-                shown = "  ".join(f"{held:.2f} ({truth:.2f})" for _, held, truth in readings)
+                readings = [
+                    sample_known_duty(args.duty, Path(folder), idle, wakers, rate=20, nonblocking=nonblocking, churn=churn) for _ in range(args.repeats)
+                ]
+                shown = "  ".join(f"{held:.2f} ({truth:.2f}, failed {failed_share(reading):.2f})" for reading, held, truth in readings)
                 mode = "nonblocking" if nonblocking else "blocking"
-                print(f"{idle:3d} threads asleep, {wakers} waking every ms, {mode:11s}: {shown}", flush=True)
+                stack = "churning stack" if churn else "steady stack"
+                print(f"{idle:3d} threads asleep, {wakers} waking every ms, {stack}, {mode:11s}: {shown}", flush=True)
 
 
 if __name__ == "__main__":

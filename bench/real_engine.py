@@ -195,6 +195,7 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
             arms = ("off", *modes)
             tokens_per_second: dict[str, list[float]] = {arm: [] for arm in arms}
             held: dict[str, list[float]] = {mode: [] for mode in modes}
+            failed: dict[str, list[float]] = {mode: [] for mode in modes}  # samples py-spy could not read (nonblocking: counted as held)
             py_spy_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             segment = window
             for pair in range(pairs):
@@ -207,6 +208,7 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
                             raise RuntimeError(f"py-spy ({arm}) on the {role}: {reading.error}")
                         py_spy_cpu[arm].append(children_cpu_seconds() - children)
                         held[arm] += [value for (name, _), value in reading.samples.items() if name == "gil_held_ratio"]
+                        failed[arm] += [value for (name, _), value in reading.samples.items() if name == "gil_failed_sample_ratio"]
                         segment = time.monotonic() - started  # py-spy's start and attach included: they cost too
                     else:
                         await asyncio.sleep(segment)
@@ -223,12 +225,14 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
                     "mean_on_over_off": mean,
                     "ci95_half_width": half_width,
                     "gil_held_ratio_seen": [round(h, 3) for h in held[mode]],
+                    "gil_failed_sample_ratio_seen": [round(f, 3) for f in failed[mode]],
                     "py_spy_cpu_seconds_per_window": statistics.mean(py_spy_cpu[mode]),
                 }
                 print(
                     f"{time.strftime('%H:%M:%S')} {role} {mode}: throughput on/off while a window is open {mean:.4f} ± {half_width:.4f} "
                     f"({pairs} pairs), py-spy {statistics.mean(py_spy_cpu[mode]) * 1000:.0f} ms CPU a window, GIL held "
-                    f"{statistics.mean(held[mode]) if held[mode] else float('nan'):.3f}",
+                    f"{statistics.mean(held[mode]) if held[mode] else float('nan'):.3f} (of it samples py-spy failed to read "
+                    f"{statistics.mean(failed[mode]) if failed[mode] else float('nan'):.3f})",
                     flush=True,
                 )
     finally:

@@ -32,6 +32,7 @@ LATEST_HELP = {
     "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
     "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
     "gil_held_ratio": "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
+    "gil_failed_sample_ratio": "Share of the latest py-spy window's samples whose stack py-spy could not read (nonblocking: counted as held).",
     "gil_hot_function_ratio": "Share of the latest py-spy window spent in this function while holding the GIL (top N).",
     "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
     "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",

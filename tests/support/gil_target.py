@@ -16,19 +16,23 @@ from vllm_triage.sources.gil import GilSource
 # A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL), next
 # to a main thread blocked in C (no GIL either), `idle` threads asleep (vLLM's engine core runs ~90) and
 # `wakers` threads that take the GIL for a moment every millisecond (frequent hand-overs, as I/O threads
-# make). Sleeps overshoot on a loaded machine, so the target writes the share of wall time it really spun;
-# that, not the nominal duty, is the truth.
+# make). With `churn` the spinning thread's stack changes all the time, 1-40 calls deep, as vLLM's engine
+# core loop's does: a read of a running process' stack then often fails. Sleeps overshoot on a loaded
+# machine, so the target writes the share of wall time it really spun; that, not the nominal duty, is the truth.
 TARGET = textwrap.dedent(
     """
-    import sys, threading, time
-    duty, truth, idle, wakers = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    import random, sys, threading, time
+    duty, truth, idle, wakers, churn = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
     started, spun = time.perf_counter(), 0.0
+    def calls_deep(depth):
+        return sum(range(20)) if depth == 0 else calls_deep(depth - 1) + 1
     def spin_a_share_of_each_period():
         global spun
         while True:
             start = time.perf_counter()
             while time.perf_counter() - start < 0.02 * duty:
-                pass
+                if churn:
+                    calls_deep(random.randint(1, 40))
             spun += time.perf_counter() - start
             time.sleep(0.02 * (1 - duty))
             with open(truth, "w") as out:
@@ -48,12 +52,14 @@ TARGET = textwrap.dedent(
 )
 
 
-def sample_known_duty(duty: float, folder: Path, idle: int = 0, wakers: int = 0, rate: int = 100, nonblocking: bool = False) -> tuple[Reading, float, float]:
+def sample_known_duty(
+    duty: float, folder: Path, idle: int = 0, wakers: int = 0, rate: int = 100, nonblocking: bool = False, churn: bool = False
+) -> tuple[Reading, float, float]:
     """(the GIL source's reading of one 3 s window, its gil_held_ratio, the share of that window the target
     really held the GIL)."""
     truth = folder / "truth"
     truth.unlink(missing_ok=True)
-    target = subprocess.Popen([sys.executable, "-c", TARGET, str(duty), str(truth), str(idle), str(wakers)])
+    target = subprocess.Popen([sys.executable, "-c", TARGET, str(duty), str(truth), str(idle), str(wakers), "1" if churn else "0"])
 
     def spun_and_elapsed() -> tuple[float, float]:
         while True:

@@ -3,8 +3,11 @@
 py-spy has no streaming mode, so the source runs short windows: `py-spy record --gil --format raw`
 for `window_seconds` at `rate` Hz against one process at a time. With --gil py-spy keeps only the
 samples in which some thread held the GIL, so held ratio = samples / (rate x window) — validated
-against processes with a known GIL duty cycle (tests/unit/test_gil.py). Blocking mode is the
-default: on vLLM it cost less throughput than --nonblocking (REFERENCE.md §5; bench/gil_overhead.py).
+against processes with a known GIL duty cycle (tests/unit/test_gil.py, bench/gil_accuracy.py).
+In nonblocking mode py-spy reads the stack of a process that keeps running: it only walks a stack when a
+thread holds the GIL, and that read fails when the stack changes under it (vLLM's engine core loop, a
+quarter to half of the held samples of a target with a busy stack), so a failed sample counts as held:
+held ratio = (samples + errors) / (rate x window). The read errors' share is exported beside it.
 """
 
 from __future__ import annotations
@@ -205,7 +208,9 @@ class GilSource:
             raw = raw_path.read_text() if raw_path.exists() else ""
         ticks = self.rate * self.window_seconds
         labels = make_labels({"role": role})
-        out[("gil_held_ratio", labels)] = min(1.0, int(counted.group(1)) / ticks)
+        held, failed = int(counted.group(1)), int(counted.group(2))
+        out[("gil_held_ratio", labels)] = min(1.0, (held + failed if self.nonblocking else held) / ticks)
+        out[("gil_failed_sample_ratio", labels)] = min(1.0, failed / ticks)
         for function, file, count in hot_functions(raw, self.top):
             out[("gil_hot_function_ratio", make_labels({"role": role, "function": function[:120], "file": file}))] = count / ticks
         return None
