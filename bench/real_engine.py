@@ -6,7 +6,7 @@ tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
     python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N] [SETTING=VALUE...]  the sidecar beside
                                                           nvitop-exporter, one run, same load
-    python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=true    several, one after the other
+    python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=false   several, one after the other
 
 gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS rounds of short
 segments: one in which the GIL source (the sidecar's own class, at the default window and rate) samples that
@@ -19,7 +19,7 @@ default duty's cost follows: each role's in-window cost times the share of the t
 gil_ab: a CPU-bound server (the tiny model, 128 clients of short requests: the engine core's Python loop
 is the limit, where py-spy's pauses cost the most) under one continuous load; each 60 s window runs a
 fresh sidecar with all four sources (GIL on at its default duty, or with the settings given, e.g.
-gil_nonblocking=true) or with vllm,process,gpu (GIL off). A window lasts one GIL interval, so an on window
+gil_nonblocking=false) or with vllm,process,gpu (GIL off). A window lasts one GIL interval, so an on window
 holds exactly one py-spy round, as in a long run. Throughput is vLLM's own generation-token counter over the window; windows
 go off/on, on/off, ... so that drift cancels out.
 
@@ -402,7 +402,7 @@ def main() -> None:
             measurements[-1].append(arg)
     for number, (what, *args) in enumerate(measurements):
         if what == "gil_window":
-            modes = next((tuple(a.removeprefix("modes=").split(",")) for a in args if a.startswith("modes=")), ("blocking",))
+            modes = next((tuple(a.removeprefix("modes=").split(",")) for a in args if a.startswith("modes=")), ("nonblocking",))
             summary = asyncio.run(gil_window(out, next((int(a) for a in args if a.isdigit()), 30), modes))
         elif what == "gil_ab":
             settings = dict(arg.split("=", 1) for arg in args[1:])

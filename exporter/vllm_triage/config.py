@@ -263,16 +263,16 @@ class Config:
         "URL",
     )
     gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
-    # py-spy's blocking samples pause vLLM: a window costs a CPU-bound real engine ~6 % of its throughput while
-    # open, so the default duty (3 s per process every 2 minutes) costs ~0.3 % (README, bench/real_engine.py gil_window).
+    # py-spy reads vLLM's memory without pausing it (nonblocking): a window cost a CPU-bound real engine nothing
+    # measurable while open, where blocking cost it 2-7 % (README, bench/real_engine.py gil_window).
     gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
     gil_window_seconds: float = option(3.0, _number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, _number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
     gil_nonblocking: bool = option(
-        False,
+        True,
         _boolean,
-        "py-spy --nonblocking: on the H200 half py-spy's CPU and no measurable cost to vLLM, but a lower GIL share read than "
-        "blocking; on the 2-core CPU build it cost vLLM more (README, Measured).",
+        "py-spy --nonblocking: vLLM is not paused (false: py-spy's blocking mode stops every thread for each sample; on the H200 "
+        "it cost vLLM 2-7 percent of its throughput while a window was open and twice py-spy's CPU, and read the GIL share within 0.07 of nonblocking).",
         "BOOL",
     )
     engine_liveness_endpoint: bool = option(

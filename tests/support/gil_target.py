@@ -53,7 +53,7 @@ TARGET = textwrap.dedent(
 
 
 def sample_known_duty(
-    duty: float, folder: Path, idle: int = 0, wakers: int = 0, rate: int = 100, nonblocking: bool = False, churn: bool = False
+    duty: float, folder: Path, idle: int = 0, wakers: int = 0, rate: int = 100, nonblocking: bool = True, churn: bool = False
 ) -> tuple[Reading, float, float]:
     """(the GIL source's reading of one 3 s window, its gil_held_ratio, the share of that window the target
     really held the GIL)."""

@@ -8,6 +8,8 @@ In nonblocking mode py-spy reads the stack of a process that keeps running: it o
 thread holds the GIL, and that read fails when the stack changes under it (vLLM's engine core loop, a
 quarter to half of the held samples of a target with a busy stack), so a failed sample counts as held:
 held ratio = (samples + errors) / (rate x window). The read errors' share is exported beside it.
+Nonblocking is the default: on the H200 it read the real engine's GIL share as blocking did (within 0.07)
+without pausing it (README, Measured).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ class GilSource:
         pids_by_role: Callable[[], dict[str, int]],
         window_seconds: float = 5.0,
         rate: int = 20,
-        nonblocking: bool = False,
+        nonblocking: bool = True,
         top: int = 5,
         clock: Callable[[], float] = time.time,
         py_spy: str | None = None,
