@@ -68,11 +68,12 @@ SCENARIOS = {
         "kv_saturation: kv_cache_saturated primary, queue_backlog cause kv_capacity, preemption_storm; no "
         "kv_fragmentation_suspected. recovery: everything clears.",
     ),
-    # The engine core's Python loop is the limit: a tiny model, many short requests.
+    # The engine core's Python loop is the limit: a tiny model, many short requests; 130 s, so that the
+    # GIL source's second window (120 s after its first) falls inside it.
     "cpu_bound": Scenario(
         "tiny",
         ("--max-num-seqs", "256"),
-        (Phase("idle", 15), Phase("cpu_bound", 100, 128, 8, 16), Phase("idle", 15)),
+        (Phase("idle", 15), Phase("cpu_bound", 130, 128, 8, 16), Phase("idle", 15)),
         "cpu_bound: gpu_starved naming the engine core's main thread; no compute_bound or memory_bandwidth_bound.",
     ),
     # The GPU does the work: long prompts (prefill), then a big decode batch.

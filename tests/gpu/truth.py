@@ -10,7 +10,9 @@ from pathlib import Path
 from vllm_triage.capture import read_readings
 from vllm_triage.config import Config, load
 from vllm_triage.diagnosis.conditions import GPU_CONDITIONS
+from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
+from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS
 
 GPU_IDS = {c.id for c in GPU_CONDITIONS}
 
@@ -81,13 +83,22 @@ CAUSES: dict[str, tuple[str, str]] = {
 }
 
 
+def rise_seconds(readings: list[Reading]) -> float:
+    """How much later than the other verdicts one may rise: where the capture holds the process source,
+    one step of the busiest thread's share (a step between two reads of every thread's CPU,
+    THREAD_SAMPLE_SECONDS apart: the step that spans a phase's start is part idle, and stays in the window
+    that long after it)."""
+    return THREAD_SAMPLE_SECONDS if any(r.source == PROCESS_SOURCE for r in readings) else 0.0
+
+
 def check(capture: Path, phases: list[tuple[str, float, float]], config: Config, expected: dict[str, tuple[set[str], set[str]]] = EXPECTED) -> list[str]:
-    """Replay the capture; in the steady part of each phase (after one window and `for`), every
-    expected condition must be active and every excluded one not. Returns the violations."""
+    """Replay the capture; in the steady part of each phase (after one window and `for`), every excluded
+    condition must be inactive, and every expected one active (from rise_seconds later). Returns the violations."""
     if not phases:
         return ["no phase marks: the workload did not run"]
     readings = list(read_readings(capture))
     settle = config.window_seconds + 4
+    rise = settle + rise_seconds(readings)
     problems: list[str] = []
     seen: dict[str, int] = {}
 
@@ -99,7 +110,7 @@ def check(capture: Path, phases: list[tuple[str, float, float]], config: Config,
         want, never = expected[name]
         states = {v.condition: v.state for v in snapshot.verdicts}
         seen[name] = seen.get(name, 0) + 1
-        for condition in want:
+        for condition in want if snapshot.timestamp >= phase[1] + rise else ():
             if states.get(condition) != "active":
                 problems.append(f"{name} at +{snapshot.timestamp - phase[1]:.0f}s: {condition} is {states.get(condition)}, expected active")
         for condition in never:
