@@ -15,16 +15,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from vllm_triage.model import Reading
-
-from tests.support.gil_target import sample_known_duty
+from tests.support.gil_target import read_ratio, sample_known_duty
 
 # (threads asleep, threads taking the GIL every millisecond, a churning stack)
 CASES = ((0, 0, False), (90, 0, False), (90, 8, False), (90, 0, True), (90, 8, True))
-
-
-def failed_share(reading: Reading) -> float:
-    return next(v for (name, _), v in reading.samples.items() if name == "gil_failed_sample_ratio")
 
 
 def main() -> None:
@@ -39,7 +33,7 @@ def main() -> None:
                 readings = [
                     sample_known_duty(args.duty, Path(folder), idle, wakers, rate=20, nonblocking=nonblocking, churn=churn) for _ in range(args.repeats)
                 ]
-                shown = "  ".join(f"{held:.2f} ({truth:.2f}, failed {failed_share(reading):.2f})" for reading, held, truth in readings)
+                shown = "  ".join(f"{held:.2f} ({truth:.2f}, failed {read_ratio(reading, 'gil_failed_sample_ratio'):.2f})" for reading, held, truth in readings)
                 mode = "nonblocking" if nonblocking else "blocking"
                 stack = "churning stack" if churn else "steady stack"
                 print(f"{idle:3d} threads asleep, {wakers} waking every ms, {stack}, {mode:11s}: {shown}", flush=True)

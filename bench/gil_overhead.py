@@ -25,8 +25,10 @@ from tests.support.load import run_load
 
 def one_run(server: vllm_server.VllmServer, tmp: Path, gil: bool, seconds: float, gil_interval: float, window: float, rate: int, blocking: bool) -> float:
     sources = "vllm,process,gil" if gil else "vllm,process"
-    config = f"sources: {sources}\ngil_interval_seconds: {gil_interval}\ngil_window_seconds: {window}\ngil_rate: {rate}\nlog_level: warning\n"
-    config += f"gil_nonblocking: {str(not blocking).lower()}\n"
+    config = (
+        f"sources: {sources}\ngil_interval_seconds: {gil_interval}\ngil_window_seconds: {window}\ngil_rate: {rate}\n"
+        f"gil_nonblocking: {str(not blocking).lower()}\nlog_level: warning\n"
+    )
     folder = tmp / f"run-{'on' if gil else 'off'}-{len(list(tmp.iterdir()))}"
     folder.mkdir()
     sidecar = start_sidecar(folder, server.url, config)

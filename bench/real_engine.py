@@ -57,6 +57,7 @@ from vllm_triage.sources.process import role_of
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
 from tests.support.components import get
+from tests.support.gil_target import read_ratio
 from tests.support.load import run_load
 
 SIDECAR_PORT = 9400
@@ -207,8 +208,8 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
                         if not reading.ok:
                             raise RuntimeError(f"py-spy ({arm}) on the {role}: {reading.error}")
                         py_spy_cpu[arm].append(children_cpu_seconds() - children)
-                        held[arm] += [value for (name, _), value in reading.samples.items() if name == "gil_held_ratio"]
-                        failed[arm] += [value for (name, _), value in reading.samples.items() if name == "gil_failed_sample_ratio"]
+                        held[arm].append(read_ratio(reading, "gil_held_ratio"))
+                        failed[arm].append(read_ratio(reading, "gil_failed_sample_ratio"))
                         segment = time.monotonic() - started  # py-spy's start and attach included: they cost too
                     else:
                         await asyncio.sleep(segment)

@@ -52,6 +52,11 @@ TARGET = textwrap.dedent(
 )
 
 
+def read_ratio(reading: Reading, name: str) -> float:
+    """The value of `name` (gil_held_ratio, gil_failed_sample_ratio) in a reading of one role."""
+    return next(value for (found, _), value in reading.samples.items() if found == name)
+
+
 def sample_known_duty(
     duty: float, folder: Path, idle: int = 0, wakers: int = 0, rate: int = 100, nonblocking: bool = True, churn: bool = False
 ) -> tuple[Reading, float, float]:
@@ -78,5 +83,5 @@ def sample_known_duty(
         target.kill()
         target.wait()
     assert reading.ok, reading.error
-    held = next(v for (name, _), v in reading.samples.items() if name == "gil_held_ratio")
+    held = read_ratio(reading, "gil_held_ratio")
     return reading, held, (spun_after - spun_before) / (elapsed_after - elapsed_before)
