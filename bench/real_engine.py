@@ -28,8 +28,9 @@ interval; the reference GPU exporter) run side by side over the same window (one
 py-spy round; `windows=N`: N such windows back to back), each scraped every 15 s as Prometheus would; then (unless `full-only`) the sidecar with the
 GPU source only. CPU as a share of one core, RSS, where the
 sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
-50 scrapers (one scraper also with its requests spread over 30 s; 50 also on connections already open), and the RSS of a fresh Python as the sidecar's
-imports, NVML and the GPU source load. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
+50 scrapers (one scraper back to back for 30 s, and with its requests spread over 30 s; 50 also on
+connections already open), and the RSS of a fresh Python as the sidecar's imports, NVML and the GPU
+source load. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
 Each measurement prints and writes N-<name>.json (N: its place on the command line).
 """
 
@@ -292,13 +293,15 @@ def resident_parts(pid: int) -> dict[str, float]:
 
 
 def latencies(url: str) -> dict[str, float]:
-    one = asyncio.run(scrape_latencies(url, 1, 300))
+    one = asyncio.run(scrape_latencies(url, 1, 0, for_seconds=30))  # back to back over 15 ticks
     one_spread = asyncio.run(scrape_latencies(url, 1, 300, pause_seconds=0.1))  # ~30 s: every phase of 15 ticks
     fifty = asyncio.run(scrape_latencies(url, 50, 20))
     fifty_connected = asyncio.run(scrape_latencies(url, 50, 20, connected=True))
     return {
+        "requests_1": len(one),
         "p50_1_ms": statistics.median(one) * 1000,
         "p99_1_ms": percentile(one, 0.99) * 1000,
+        "p999_1_ms": percentile(one, 0.999) * 1000,
         "p50_1_spread_ms": statistics.median(one_spread) * 1000,
         "p99_1_spread_ms": percentile(one_spread, 0.99) * 1000,
         "p50_50_ms": statistics.median(fifty) * 1000,
