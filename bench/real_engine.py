@@ -29,7 +29,8 @@ py-spy round; `windows=N`: N such windows back to back), each scraped every 15 s
 GPU source only. CPU as a share of one core, RSS, where the
 sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /metrics latency with 1 and
 50 scrapers (one scraper back to back for 30 s, and with its requests spread over 30 s; 50 also on
-connections already open), and the RSS of a fresh Python as the sidecar's imports, NVML and the GPU
+connections already open; the same for a bare aiohttp server and a bare asyncio protocol returning the
+sidecar's page: the floor of the framework and of the machine), and the RSS of a fresh Python as the sidecar's imports, NVML and the GPU
 source load. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
 Each measurement prints and writes N-<name>.json (N: its place on the command line).
 """
@@ -63,6 +64,32 @@ from tests.support.load import run_load
 
 SIDECAR_PORT = 9400
 NVITOP_PORT = 9401
+FLOOR_PORT = 9402
+# What serving the sidecar's page costs with nothing of the sidecar behind it: aiohttp with one handler
+# returning the bytes, and asyncio's own protocol writing them (the machine's and the client's share)
+FLOOR_SERVERS = {
+    "bare_aiohttp": """
+import sys
+from aiohttp import web
+body = open(sys.argv[1], "rb").read()
+async def metrics(_): return web.Response(body=body, content_type="text/plain")
+app = web.Application()
+app.router.add_get("/metrics", metrics)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), access_log=None, print=None)
+""",
+    "bare_asyncio_protocol": """
+import asyncio, sys
+body = open(sys.argv[1], "rb").read()
+response = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body
+class Metrics(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data): self.transport.write(response)  # one request per packet: the scraper waits for each answer
+async def main():
+    await asyncio.get_running_loop().create_server(Metrics, "127.0.0.1", int(sys.argv[2]))
+    await asyncio.Event().wait()
+asyncio.run(main())
+""",
+}
 
 
 def generated_tokens() -> float:
@@ -371,7 +398,16 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) 
             summary["sidecar_stages_percent_of_core"].append(per_stage(before, stage_seconds(sidecar_url), seconds))
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
-        summary["sidecar_page_bytes"] = len(get(sidecar_url)[1])
+        page = out / "sidecar-page.txt"
+        page.write_bytes(get(sidecar_url)[1])
+        summary["sidecar_page_bytes"] = page.stat().st_size
+        for name, script in FLOOR_SERVERS.items():
+            floor = subprocess.Popen([sys.executable, "-c", script, str(page), str(FLOOR_PORT)])
+            try:
+                wait_listening(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
+                summary[f"latency_{name}_same_page"] = latencies(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
+            finally:
+                stop(floor)
         summary["footprint_rss_mb"] = footprint()
         stop(sidecar)
         if not gpu_only_too:
