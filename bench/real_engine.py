@@ -56,6 +56,7 @@ from vllm_triage.config import OPTIONS_BY_KEY
 from vllm_triage.sources.gil import GilSource
 from vllm_triage.sources.process import role_of
 
+from bench.scrape_bursts import FLOOR_SERVERS, start_floor
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
 from tests.support.components import get
@@ -65,31 +66,6 @@ from tests.support.load import run_load
 SIDECAR_PORT = 9400
 NVITOP_PORT = 9401
 FLOOR_PORT = 9402
-# What serving the sidecar's page costs with nothing of the sidecar behind it: aiohttp with one handler
-# returning the bytes, and asyncio's own protocol writing them (the machine's and the client's share)
-FLOOR_SERVERS = {
-    "bare_aiohttp": """
-import sys
-from aiohttp import web
-body = open(sys.argv[1], "rb").read()
-async def metrics(_): return web.Response(body=body, content_type="text/plain")
-app = web.Application()
-app.router.add_get("/metrics", metrics)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), access_log=None, print=None)
-""",
-    "bare_asyncio_protocol": """
-import asyncio, sys
-body = open(sys.argv[1], "rb").read()
-response = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body
-class Metrics(asyncio.Protocol):
-    def connection_made(self, transport): self.transport = transport
-    def data_received(self, data): self.transport.write(response)  # one request per packet: the scraper waits for each answer
-async def main():
-    await asyncio.get_running_loop().create_server(Metrics, "127.0.0.1", int(sys.argv[2]))
-    await asyncio.Event().wait()
-asyncio.run(main())
-""",
-}
 
 
 def generated_tokens() -> float:
@@ -401,8 +377,8 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) 
         page = out / "sidecar-page.txt"
         page.write_bytes(get(sidecar_url)[1])
         summary["sidecar_page_bytes"] = page.stat().st_size
-        for name, script in FLOOR_SERVERS.items():
-            floor = subprocess.Popen([sys.executable, "-c", script, str(page), str(FLOOR_PORT)])
+        for name in FLOOR_SERVERS:
+            floor = start_floor(name, page, FLOOR_PORT)
             try:
                 wait_listening(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
                 summary[f"latency_{name}_same_page"] = latencies(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
