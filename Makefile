@@ -95,6 +95,7 @@ scenarios: $(VENV)/.installed vllm-env
 
 bench: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.sidecar_overhead
+	$(BIN)/python -m bench.scrape_bursts
 	$(BIN)/python -m bench.many_engines
 	$(BIN)/python -m bench.many_gpus
 	$(BIN)/python -m bench.detection_latency
