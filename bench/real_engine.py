@@ -56,7 +56,7 @@ from vllm_triage.config import OPTIONS_BY_KEY
 from vllm_triage.sources.gil import GilSource
 from vllm_triage.sources.process import role_of
 
-from bench.scrape_bursts import FLOOR_SERVERS, start_floor
+from bench.scrape_bursts import FLOOR_SERVERS, start_floor, wait_listening
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
 from tests.support.components import get
@@ -80,17 +80,6 @@ def start_sidecar(folder: Path, sources: str, port: int = SIDECAR_PORT, settings
     config.write_text(f"sources: {sources}\nlog_level: warning\n" + "".join(f"{key}: {value}\n" for key, value in (settings or {}).items()))
     command = [sys.executable, "-m", "vllm_triage.cli", "serve", "--config", str(config), "--vllm-url", URL, "--listen", f"127.0.0.1:{port}"]
     return subprocess.Popen(command, stdout=(folder / "sidecar.log").open("wb"), stderr=subprocess.STDOUT)
-
-
-def wait_listening(url: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
 def stage_seconds(url: str) -> dict[str, float]:

@@ -57,16 +57,16 @@ def start_floor(name: str, page: Path, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", FLOOR_SERVERS[name], str(page), str(port)])
 
 
-def wait_for_page(url: str, seconds: float = 60) -> bytes:
+def wait_listening(url: str, seconds: float = 30) -> bytes:
+    """The page at `url` once it answers; RuntimeError after `seconds`."""
     deadline = time.monotonic() + seconds
-    while True:
+    while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 return bytes(response.read())
         except OSError:
-            if time.monotonic() > deadline:
-                raise
             time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
 def main() -> None:
@@ -80,10 +80,10 @@ def main() -> None:
         servers = {"sidecar (demo)": (SIDECAR_PORT, sidecar)}
         try:
             page = Path(tmp) / "page.txt"
-            page.write_bytes(wait_for_page(f"http://127.0.0.1:{SIDECAR_PORT}/metrics"))
+            page.write_bytes(wait_listening(f"http://127.0.0.1:{SIDECAR_PORT}/metrics"))
             size = page.stat().st_size
             servers["bare aiohttp, same page"] = (FLOOR_PORT, start_floor("bare_aiohttp", page, FLOOR_PORT))
-            wait_for_page(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
+            wait_listening(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
             time.sleep(5)  # the demo's windows fill
             one = {
                 name: asyncio.run(scrape_latencies(f"http://127.0.0.1:{port}/metrics", 1, 0, for_seconds=args.seconds)) for name, (port, _) in servers.items()
