@@ -6,6 +6,8 @@ tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
     python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N] [SETTING=VALUE...]  the sidecar beside
                                                           nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR bursts [ROUNDS]   bursts of 50 new connections under load, the sidecar
+                                                          and a bare aiohttp server with its page taking turns
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=false   several, one after the other
 
 gil_window: the same CPU-bound load; for each role (engine core, then API server) PAIRS rounds of short
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import resource
@@ -47,6 +50,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,7 @@ from vllm_triage.config import OPTIONS_BY_KEY
 from vllm_triage.sources.gil import GilSource
 from vllm_triage.sources.process import role_of
 
-from bench.scrape_bursts import FLOOR_SERVERS, start_floor, wait_listening
+from bench.scrape_bursts import FLOOR_SERVERS, burst_p99, start_floor, wait_listening
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
 from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
 from tests.support.components import get
@@ -336,13 +340,23 @@ def per_stage(before: dict[str, float], after: dict[str, float], seconds: float)
     return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
 
 
+@contextlib.contextmanager
+def serving_under_load(log: Path) -> Iterator[None]:
+    """The 1B model serving 32 clients, for as long as the block runs."""
+    scenario = SCENARIOS["serving"]
+    server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, log)
+    load_command = ["--url", URL, "--model", "tiny", "--clients", "32", "--seconds", "3600", "--prompt-words", "40", "--max-tokens", "160"]
+    load = subprocess.Popen([sys.executable, "-m", "tests.support.load", *load_command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        load.kill()
+        stop(server)
+
+
 def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) -> dict[str, Any]:
     seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
-    scenario = SCENARIOS["serving"]
-    server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, out / "cost-vllm.log")
-    load_command = ["--url", URL, "--model", "tiny", "--clients", "32", "--seconds", "3600", "--prompt-words", "40", "--max-tokens", "160"]
-    load = subprocess.Popen([sys.executable, "-m", "tests.support.load", *load_command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {**os.environ, "PYTHONPATH": nvitop}
     exporter = subprocess.Popen(
         [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(NVITOP_PORT)],
@@ -390,8 +404,36 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) 
     finally:
         stop(sidecar)
         stop(exporter)
-        load.kill()
-        stop(server)
+    print(json.dumps(summary, indent=2), flush=True)
+    return summary
+
+
+def bursts(out: Path, rounds: int) -> dict[str, Any]:
+    """Bursts of 50 new connections under the serving load: the sidecar (all defaults) and a bare aiohttp
+    server returning its page take turns, round by round, so both meet the same moments of the machine (one
+    burst a run, as `cost` measures, is one sample of the 2 s cycle)."""
+    sidecar = start_sidecar(out / "bursts", "vllm,process,gpu,gil")
+    sidecar_url, floor_url = f"http://127.0.0.1:{SIDECAR_PORT}/metrics", f"http://127.0.0.1:{FLOOR_PORT}/metrics"
+    floor = None
+    rows: list[dict[str, float]] = []
+    try:
+        wait_listening(sidecar_url)
+        time.sleep(20)  # windows fill: the page as large as it stays
+        page = out / "bursts-page.txt"
+        page.write_bytes(get(sidecar_url)[1])
+        floor = start_floor("bare_aiohttp", page, FLOOR_PORT)
+        wait_listening(floor_url)
+        for _ in range(rounds):
+            rows.append({"sidecar_ms": round(burst_p99(sidecar_url) * 1000, 2), "bare_aiohttp_ms": round(burst_p99(floor_url) * 1000, 2)})
+            time.sleep(0.11)  # rounds fall on every phase of the 2 s cycle
+    finally:
+        stop(sidecar)
+        if floor is not None:
+            stop(floor)
+    summary: dict[str, Any] = {"machine": f"{psutil.cpu_count()} cores", "burst": "p99 of 50 new connections x 20 requests", "rounds": rows}
+    for server in ("sidecar_ms", "bare_aiohttp_ms"):
+        values = sorted(row[server] for row in rows)
+        summary[server] = {"median": statistics.median(values), "min": values[0], "max": values[-1]}
     print(json.dumps(summary, indent=2), flush=True)
     return summary
 
@@ -415,9 +457,13 @@ def main() -> None:
         elif what == "cost":
             settings = dict(a.split("=", 1) for a in args if "=" in a)
             windows = int(settings.pop("windows", "1"))
-            summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings)
+            with serving_under_load(out / "cost-vllm.log"):
+                summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings)
+        elif what == "bursts":
+            with serving_under_load(out / "bursts-vllm.log"):
+                summary = bursts(out, next((int(a) for a in args if a.isdigit()), 40))
         else:
-            raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab or cost")
+            raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab, cost or bursts")
         (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -69,6 +69,11 @@ def wait_listening(url: str, seconds: float = 30) -> bytes:
     raise RuntimeError(f"{url} did not answer within {seconds:.0f} s")
 
 
+def burst_p99(url: str) -> float:
+    """p99 (s) of one burst: 50 scrapers opening their connections at one moment, 20 requests each."""
+    return percentile(asyncio.run(scrape_latencies(url, 50, 20)), 0.99)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bursts", type=int, default=20, help="bursts of 50 new connections per server")
@@ -91,7 +96,7 @@ def main() -> None:
             bursts: dict[str, list[float]] = {name: [] for name in servers}
             for _ in range(args.bursts):  # interleaved: both servers see the same moments of the machine
                 for name, (port, _) in servers.items():
-                    bursts[name].append(percentile(asyncio.run(scrape_latencies(f"http://127.0.0.1:{port}/metrics", 50, 20)), 0.99))
+                    bursts[name].append(burst_p99(f"http://127.0.0.1:{port}/metrics"))
                     time.sleep(0.11)  # bursts fall on every phase of the 2 s cycle
         finally:
             for _, process in servers.values():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import platform
 import statistics
 import sys
@@ -91,7 +92,14 @@ async def scrape_latencies(
         finally:
             connection.close()
 
-    await asyncio.gather(*(scraper() for _ in range(scrapers)))
+    # The measuring process's own full collection would pause every scraper at once: in the bench's process
+    # one (30-40 ms) fell in a burst and was read as the server's latency. Collected before, not during.
+    gc.collect()
+    gc.disable()
+    try:
+        await asyncio.gather(*(scraper() for _ in range(scrapers)))
+    finally:
+        gc.enable()
     return latencies
 
 
