@@ -7,7 +7,7 @@
 #                                                             repository no longer fit one call's 64 MiB)
 #   bash tests/gpu/device_vllm.sh start SECONDS MODULE ARG... carry .gpuvllm/c2: unpack, start the driver
 #                                                             (tests.gpu.real_vllm SCENARIO..., or
-#                                                             bench.real_engine gil_ab|cost) in its own session, wait
+#                                                             bench.real_engine gil_ab|cost|bursts) in its own session, wait
 #   bash tests/gpu/device_vllm.sh wait SECONDS                wait more; when done, the results go to $OUT
 set -u
 OUT=${OUT:-/tmp/out}; RUN=/tmp/realout; mkdir -p "$OUT"
