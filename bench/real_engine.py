@@ -404,7 +404,6 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) 
     finally:
         stop(sidecar)
         stop(exporter)
-    print(json.dumps(summary, indent=2), flush=True)
     return summary
 
 
@@ -434,7 +433,6 @@ def bursts(out: Path, rounds: int) -> dict[str, Any]:
     for server in ("sidecar_ms", "bare_aiohttp_ms"):
         values = sorted(row[server] for row in rows)
         summary[server] = {"median": statistics.median(values), "min": values[0], "max": values[-1]}
-    print(json.dumps(summary, indent=2), flush=True)
     return summary
 
 
@@ -464,7 +462,9 @@ def main() -> None:
                 summary = bursts(out, next((int(a) for a in args if a.isdigit()), 40))
         else:
             raise SystemExit(f"unknown measurement {what!r}: gil_window, gil_ab, cost or bursts")
-        (out / f"{number}-{what}.json").write_text(json.dumps(summary, indent=2))
+        text = json.dumps(summary, indent=2)
+        print(text, flush=True)
+        (out / f"{number}-{what}.json").write_text(text)
 
 
 if __name__ == "__main__":
