@@ -110,6 +110,38 @@ def test_saturation_judges_the_window_mean_and_the_peak():
     assert verdict(snap, "kv_cache_saturated").state == "inactive"
 
 
+def test_kv_thrash_is_saturation_and_a_backlog_whatever_the_collapsing_gauges_read():
+    """Measured on a real vLLM under thrash: ~15 preemptions a second; KV usage read 0 at some scrapes and 1.0 at
+    others (window mean 0.64-0.71); running and waiting each read 0 at some scrape while ~15-20 waited."""
+    s = Scenario(engine(window=20), step=2)
+    s.run(30, running=4, kv=0.3)  # healthy first: nothing before the thrash
+    snapshots = []
+    for _ in range(8):  # 80 s of thrash; a zero reading of each gauge in every cycle of five scrapes
+        for running, waiting, kv in ((16, 20, 1.0), (0, 18, 0.0), (16, 0, 1.0), (12, 17, 0.0), (16, 19, 1.0)):
+            snapshots.append(s.run(2, running=running, waiting=waiting, kv=kv, preempt_per_step=30, finish_per_step=20))
+    kv_first = next(i for i, snap in enumerate(snapshots) if verdict(snap, "kv_cache_saturated").active) * 2
+    backlog_first = next(i for i, snap in enumerate(snapshots) if verdict(snap, "queue_backlog").active) * 2
+    assert kv_first <= 90 and backlog_first <= 90, (kv_first, backlog_first)
+    last = snapshots[-1]
+    assert last.primary == "kv_cache_saturated"
+    saturated = verdict(last, "kv_cache_saturated")
+    assert any("preempts only when no block is free" in e.text for e in saturated.evidence)
+    backlog = verdict(last, "queue_backlog")
+    assert backlog.cause == "kv_capacity" and any("collapses between scrapes" in e.text for e in backlog.evidence)
+    s.run(20 + 60 + 4, running=2, kv=0.2)  # the load ends: the window drains, then clear_for
+    snap = s.run(2, running=2, kv=0.2)
+    assert not verdict(snap, "kv_cache_saturated").active and not verdict(snap, "queue_backlog").active
+
+
+def test_a_queue_that_empties_for_much_of_the_window_is_no_backlog():
+    s = Scenario(engine({"queue_backlog": {"for_seconds": 0}}, window=20), step=2)
+    s.run(20, running=10, kv=0.4)
+    for _ in range(6):  # requests wait at 2 readings of 5: arrivals queue for a moment and are admitted
+        for waiting in (2, 0, 0, 1, 0):
+            snap = s.run(2, running=10, waiting=waiting, kv=0.4)
+            assert not verdict(snap, "queue_backlog").active
+
+
 def test_a_condition_that_flaps_inside_for_never_activates():
     s = Scenario(engine({"queue_backlog": {"for_seconds": 20}}, window=4))
     for _ in range(10):
@@ -311,6 +343,33 @@ def test_a_hung_engine_is_engine_wedged_within_seconds_and_clears_when_tokens_fl
     assert verdict(stalled[-1], "queue_backlog").suppressed_by == "engine_wedged"
     resumed = s.run(2, running=4)
     assert verdict(resumed, "engine_wedged").state == "inactive"  # at once, not after clear_for
+
+
+def test_a_hang_whose_running_gauge_drops_to_zero_is_engine_wedged_for_as_long_as_it_lasts():
+    """Measured on a real vLLM whose engine core stopped: running fell to 0 while no request finished (public
+    reports of real hangs say the same, for hours, with /health at 200)."""
+    s = Scenario(engine(window=60.0))
+    s.run(60, running=8)
+    s.run(4, running=8, finish_per_step=0, producing=False)  # the hang begins with 8 in flight ...
+    hung = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(150)]  # ... then the gauge reads 0 for 5 min
+    states = [verdict(snap, "engine_wedged").state for snap in hung]
+    assert "active" in states[:14], states[:14]  # 20 s of standstill and its 5 s `for`, 4 s of which came before the drop
+    first = states.index("active")
+    assert set(states[first:]) == {"active"}, states  # the readings that saw the 8 left the window; nothing moved since
+    wedged = verdict(hung[first], "engine_wedged")
+    assert any("the gauge lies" in e.text for e in wedged.evidence), [e.text for e in wedged.evidence]
+    assert hung[first].signals["m/0"]["requests_stalled"] == 8
+    resumed = [s.run(2, running=8) for _ in range(6)]  # tokens flow again
+    assert verdict(resumed[-1], "engine_wedged").state == "inactive"
+
+
+def test_requests_that_finish_during_a_pause_are_no_hang():
+    s = Scenario(engine(window=60.0))
+    s.run(60, running=8)
+    # no token for 30 s, but the 8 requests end (clients gave up: aborts count as finished) and none waits
+    s.run(2, running=0, finish_per_step=8, producing=False)
+    quiet = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(15)]
+    assert {verdict(snap, "engine_wedged").state for snap in quiet} == {"inactive"}
 
 
 def test_an_idle_engine_or_a_long_prefill_is_not_wedged():

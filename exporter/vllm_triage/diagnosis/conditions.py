@@ -80,11 +80,28 @@ def _engine_wedged(j: Judge) -> Term:
         limit = prefill * j.thresholds["prefill_p95_multiple"]
         j.note(f"prefills take up to {prefill:.1f} s (p95 in the window): a stall counts from {limit:.0f} s", "prefill_time_seconds_p95", prefill)
     stalled = j.compare("seconds_stalled_with_requests_pending", ">=", "stalled_seconds_min", "requests pending and no token produced for", " s", limit=limit)
+    # A stopped engine core runs no code whatever vLLM's gauges say: the host's view alone is enough.
+    stopped_for = j.signals.get("host_engine_core_stopped_seconds")
+    if stopped_for:
+        stalled = any_of(
+            stalled, j.compare("host_engine_core_stopped_seconds", ">=", "stalled_seconds_min", "the engine core process has been stopped for", " s")
+        )
+    if not stalled.holds and j.active:
+        # Declared hung, it stays so while nothing moves: no token and no request finished (abort included) in
+        # the whole window. In a long hang the readings that saw the requests pending leave the window while
+        # vLLM's gauges read 0.
+        frozen = all_of(
+            j.compare("seconds_since_last_token", ">=", "stalled_seconds_min", "no token produced for", " s", limit=j.signals.get("window_span_seconds")),
+            j.compare("finished_requests_per_second", "<=", "finished_per_second_max", "requests finished per second"),
+        )
+        stalled = any_of(stalled, frozen)
     if not stalled.holds:
         return stalled
+    _stall_evidence(j)
     stopped = j.signals.get("host_engine_core_stopped")
-    cpu = j.signals.get("host_engine_core_cpu_cores")
-    thread = j.signals.get("host_engine_core_busiest_thread_cpu_ratio")
+    cpu = j.signals.get("host_engine_core_cpu_cores_recent")
+    utilization, sm = j.signals.get("gpu_utilization_ratio_recent"), j.signals.get("gpu_sm_active_ratio_recent")
+    resident = utilization is not None and utilization >= j.thresholds["resident_utilization_min"]
     if stopped:
         j.cause = "process_stopped"
         j.note(
@@ -92,32 +109,67 @@ def _engine_wedged(j: Judge) -> Term:
             "host_engine_core_stopped",
             stopped,
         )
+    elif resident and (sm is None or sm <= j.thresholds["hung_sm_active_max"]) and (cpu is None or cpu < j.thresholds["idle_cpu_cores_max"]):
+        j.cause = "hung_kernel"
+        idle = "" if sm is None else f", SMs {sm:.2f} active"
+        j.note(
+            f"cause hung_kernel: util.gpu {utilization:.2f} over the last 10 s{idle}: a kernel is resident and does not finish (a hung kernel, "
+            "or a collective waiting for a peer that never comes), and the engine core waits for it",
+            "gpu_utilization_ratio_recent",
+            utilization,
+        )
     elif cpu is not None and cpu < j.thresholds["idle_cpu_cores_max"]:
         j.cause = "blocked"
-        j.note(f"cause blocked: the engine core uses {cpu:.2f} cores: it waits on something (a lock, a peer, I/O)", "host_engine_core_cpu_cores", cpu)
+        j.note(
+            f"cause blocked: the engine core uses {cpu:.2f} cores over the last 10 s: it waits on something (a lock, a peer, I/O)",
+            "host_engine_core_cpu_cores_recent",
+            cpu,
+        )
     elif cpu is not None:
         j.cause = "spinning"
-        j.note(f"cause spinning: the engine core uses {cpu:.2f} cores and produces nothing (a busy loop, a hung collective)", "host_engine_core_cpu_cores", cpu)
+        j.note(
+            f"cause spinning: the engine core uses {cpu:.2f} cores over the last 10 s and produces nothing (a busy loop, a hung collective)",
+            "host_engine_core_cpu_cores_recent",
+            cpu,
+        )
     else:
         j.cause = "unknown"
         j.note("cause unknown: the engine core's process is not visible (share the pod's process namespace)")
-    if thread is not None:
-        j.note(f"the engine core's busiest thread uses {thread:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", thread)
-    sm = j.signals.get("gpu_sm_activity_ratio")
-    if sm is not None:
-        what = "a kernel is resident and the SMs are busy (a hung kernel or collective)" if sm >= 0.5 else "the GPU is idle: nothing was launched"
-        j.note(f"GPU SM activity {sm:.2f}: {what}", "gpu_sm_activity_ratio", sm)
-    since = j.signals.get("seconds_since_last_token")
-    if since is not None:
-        j.note(f"last token {since:.0f} s ago", "seconds_since_last_token", since)
+    if utilization is not None and j.cause != "hung_kernel":
+        what = "a kernel is resident and does not finish" if resident else "nothing runs on it" if utilization < 0.1 else "it is partly busy"
+        j.note(f"util.gpu {utilization:.2f} over the last 10 s: {what}", "gpu_utilization_ratio_recent", utilization)
     return stalled
 
 
+def _stall_evidence(j: Judge) -> None:
+    """What the host and vLLM's own counters say about the stall, and where vLLM's gauges contradict them."""
+    thread = j.signals.get("host_engine_core_busiest_thread_cpu_ratio")
+    if thread is not None:
+        j.note(f"the engine core's busiest thread uses {thread:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", thread)
+    stuck, running = j.signals.get("requests_stalled"), j.signals.get("requests_running_min")
+    pending_now = (j.signals.get("requests_running_max") or 0) + (j.signals.get("requests_waiting_max") or 0)
+    if stuck and running is not None and running < stuck:
+        j.note(
+            f"{stuck:.0f} requests were pending when the token counters froze and none finished since, yet vLLM's running gauge read "
+            f"{running:.0f}: the gauge lies in a hang (it drops while no request finishes)",
+            "requests_stalled",
+            stuck,
+        )
+    elif stuck:
+        j.note(f"{stuck:.0f} requests pending and not finished since the token counters froze", "requests_stalled", stuck)
+    elif not pending_now:
+        j.note("vLLM's gauges show nothing pending: the stall is judged by the host alone")
+    since = j.signals.get("seconds_since_last_token")
+    if since is not None:
+        j.note(f"last token {since:.0f} s ago", "seconds_since_last_token", since)
+
+
 def _kv_cache_saturated(j: Judge) -> Term:
-    # A full cache does not read 1.0 all the time: each preemption frees a whole request's blocks
-    # at once. On a real vLLM with 39 blocks, saturated 60 s windows averaged 0.90-0.95 with dips
-    # to 0.4-0.8, and reached 1.0 in every window. So: full at least once, mostly full on average,
-    # and someone waiting or preempted.
+    # Two ways to know the cache is full. Sampled: usage mostly high and full at least once, with someone
+    # waiting or preempted (each preemption frees a whole request's blocks at once, so a full cache averages
+    # 0.90-0.95 with dips). Invariant: vLLM preempts only when it cannot allocate a block, so sustained
+    # preemptions while requests wait for capacity are saturation whatever the gauge reads; under thrash
+    # the gauge reads 0 at some scrapes and 1.0 at others (window means of 0.64-0.71 on a real engine).
     usage = all_of(
         j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0),
         j.compare(
@@ -128,10 +180,31 @@ def _kv_cache_saturated(j: Judge) -> Term:
         j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
         j.compare("preemptions_per_second", ">", "preemptions_per_second_min", "preemptions per second"),
     )
-    verdict = all_of(usage, pressure)
+    sampled = all_of(usage, pressure)
+    thrash = _preempting_while_waiting(j)
+    verdict = any_of(sampled, thrash)
+    if thrash.holds and not sampled.holds:
+        low, mean = j.signals.get("kv_cache_usage_ratio_min"), j.signals.get("kv_cache_usage_ratio_mean")
+        if low is not None and mean is not None:
+            j.note(
+                f"vLLM's KV usage gauge read {low:.2f} to full (mean {mean:.2f}) in the window, yet it preempted: it preempts only when "
+                "no block is free, so the gauge is sampled between preemptions and understates the cache",
+                "kv_cache_usage_ratio_min",
+                low,
+            )
     if verdict.holds:
         _advise_capacity(j)
     return verdict
+
+
+def _preempting_while_waiting(j: Judge) -> Term:
+    """Preemptions at a sustained rate while requests wait (for capacity, where vLLM says why they wait)."""
+    preempting = j.compare("preemptions_per_second", ">=", "thrash_preemptions_per_second_min", "preemptions per second (no free KV block each time)")
+    if j.signals.get("requests_waiting_capacity_mean") is not None:
+        waiting = j.compare("requests_waiting_capacity_mean", ">", "waiting_min", "requests waiting for capacity (window mean, vLLM's reason)")
+    else:
+        waiting = j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)")
+    return all_of(preempting, waiting)
 
 
 def _advise_capacity(j: Judge) -> None:
@@ -181,7 +254,9 @@ def _full_within_a_block(j: Judge, threshold: str) -> float | None:
 
 
 def _queue_backlog(j: Judge) -> Term:
-    backlog = j.compare("requests_waiting_min", ">", "waiting_min", "requests waiting (window minimum)")
+    backlog = j.compare("requests_waiting_nonempty_ratio", ">=", "waiting_share_min", "share of the window's readings with requests waiting", upper=1.0)
+    if backlog.holds and (low := j.signals.get("requests_waiting_min")) == 0:
+        j.note("vLLM's waiting gauge read 0 at some readings of the window: under KV thrash it collapses between scrapes", "requests_waiting_min", low)
     deferred, waiting = j.signals.get("requests_waiting_deferred_mean"), j.signals.get("requests_waiting_mean")
     if backlog.holds and deferred is not None and waiting and deferred >= j.thresholds["deferred_share_for_deferred_cause"] * waiting:
         # vLLM says why they wait (0.26+): deferred requests are not held up by capacity, so no capacity cause applies
@@ -200,7 +275,16 @@ def _queue_backlog(j: Judge) -> Term:
         peak = j.signals.get("kv_cache_usage_ratio_max")
         running = j.signals.get("requests_running_mean")
         max_seqs = j.signals.get("max_num_seqs")
-        if (
+        preemptions = j.signals.get("preemptions_per_second")
+        if preemptions is not None and preemptions >= j.thresholds["preemptions_for_capacity_cause"]:
+            j.cause = "kv_capacity"
+            j.note(
+                f"cause kv_capacity: vLLM preempts {preemptions:.2f} requests per second: it preempts only when no KV block is free",
+                "preemptions_per_second",
+                preemptions,
+            )
+            _advise_capacity(j)
+        elif (
             usage is not None
             and peak is not None
             and usage >= j.thresholds["kv_usage_for_capacity_cause"]
@@ -547,18 +631,28 @@ CONDITIONS: tuple[Condition, ...] = (
             "cause=process_stopped: something sent SIGSTOP or a debugger holds it: `kill -CONT <pid>`; find who stopped it.",
             "cause=blocked: a deadlock or a lost peer (tensor-parallel worker, KV transfer): the dump shows the lock or "
             "the collective; check the workers' logs and NCCL; restart the pod.",
+            "cause=hung_kernel: a GPU kernel or collective never finishes (util.gpu stays near 1 with idle SMs): the dump shows the "
+            "engine core waiting in a synchronize; check the kernel log for Xid errors and NCCL peers; restart the pod (the GPU may need a reset).",
             "cause=spinning: a busy loop or a hung GPU collective: check the GPU's SM activity and NCCL; restart the pod.",
             "Restart vLLM (a liveness probe on the sidecar's /engine-liveness restarts it for you: engine_liveness_endpoint).",
         ),
         predicate=_engine_wedged,
         reads=(
             "seconds_stalled_with_requests_pending",
+            "host_engine_core_stopped_seconds",
+            "requests_stalled",
             "seconds_since_last_token",
+            "window_span_seconds",
+            "finished_requests_per_second",
             "prefill_time_seconds_p95",
             "host_engine_core_stopped",
-            "host_engine_core_cpu_cores",
+            "host_engine_core_cpu_cores_recent",
+            "gpu_utilization_ratio_recent",
+            "gpu_sm_active_ratio_recent",
             "host_engine_core_busiest_thread_cpu_ratio",
-            "gpu_sm_activity_ratio",
+            "requests_running_min",
+            "requests_running_max",
+            "requests_waiting_max",
         ),
         dont=(
             "Do not trust vLLM's /health alone: the API server answers 200 while its engine core is hung.",
@@ -567,13 +661,24 @@ CONDITIONS: tuple[Condition, ...] = (
         thresholds=(
             Threshold("stalled_seconds_min", 20.0, "seconds with requests pending and no token produced, at or above this"),
             Threshold("prefill_p95_multiple", 3.0, "or, when higher, this many times the window's prefill p95 (a long prefill produces no token)"),
-            Threshold("idle_cpu_cores_max", 0.05, "cause blocked when the engine core uses fewer cores than this (else spinning)"),
+            Threshold("idle_cpu_cores_max", 0.05, "cause blocked when the engine core uses fewer cores than this over the last 10 s (else spinning)"),
+            Threshold(
+                "finished_per_second_max",
+                0.0,
+                "once hung, it stays so while no token came in the whole window and no more requests finish per second than this",
+            ),
+            Threshold("resident_utilization_min", 0.9, "cause hung_kernel when util.gpu over the last 10 s is at or above this (a kernel resident)", 0.0, 1.0),
+            Threshold("hung_sm_active_max", 0.1, "... and GPM SM activity at or below this (it computes nothing)", 0.0, 1.0),
         ),
         for_seconds=5,
         clear_seconds=10,
         window_seconds=60.0,  # a stall is measured within the window: never shorter than the bar, whatever window_seconds says
-        causes=("process_stopped", "blocked", "spinning", "unknown"),
-        contradicted=lambda s: "tokens are produced again, or nothing is pending" if s.get("seconds_stalled_with_requests_pending") == 0 else None,
+        causes=("process_stopped", "hung_kernel", "blocked", "spinning", "unknown"),
+        contradicted=lambda s: (
+            "tokens are produced again, or nothing is pending"
+            if s.get("seconds_stalled_with_requests_pending") == 0 and not s.get("host_engine_core_stopped")
+            else None
+        ),
     ),
     Condition(
         id="kv_cache_saturated",
@@ -588,6 +693,8 @@ CONDITIONS: tuple[Condition, ...] = (
             "kv_cache_usage_ratio_max",
             "requests_waiting_mean",
             "preemptions_per_second",
+            "requests_waiting_capacity_mean",
+            "kv_cache_usage_ratio_min",
             "kv_cache_one_block_below_full_ratio",
             "max_num_seqs",
             "requests_running_mean",
@@ -602,14 +709,22 @@ CONDITIONS: tuple[Condition, ...] = (
             Threshold("usage_peak_min", 0.99, "KV usage window maximum at or above this (the cache filled up)", 0.0, 1.0),
             Threshold("waiting_min", 0.0, "mean waiting requests above this"),
             Threshold("preemptions_per_second_min", 0.0, "preemptions per second above this"),
+            Threshold(
+                "thrash_preemptions_per_second_min",
+                0.1,
+                "or, whatever the usage gauge reads: preemptions per second at or above this while requests wait (vLLM preempts only when no block is free)",
+            ),
         ),
     ),
     Condition(
         id="queue_backlog",
         layer="1",
         severity="warning",
-        summary="Requests wait in vLLM's queue throughout the window",
-        meaning="The waiting queue never emptied during the window: demand exceeds what the server admits.",
+        summary="Requests wait in vLLM's queue for most of the window",
+        meaning=(
+            "Requests waited at most readings of the window: demand exceeds what the server admits. A single reading of 0 does "
+            "not empty a queue (vLLM's gauge collapses between scrapes under KV thrash)."
+        ),
         next_actions=(
             "cause=kv_capacity: KV cache is the limit; see kv_cache_saturated's actions.",
             "cause=concurrency_cap: running reached max_num_seqs; raise --max-num-seqs if KV cache allows.",
@@ -620,7 +735,9 @@ CONDITIONS: tuple[Condition, ...] = (
         ),
         predicate=_queue_backlog,
         reads=(
+            "requests_waiting_nonempty_ratio",
             "requests_waiting_min",
+            "preemptions_per_second",
             "requests_waiting_deferred_mean",
             "requests_waiting_mean",
             "requests_waiting_capacity_mean",
@@ -634,7 +751,8 @@ CONDITIONS: tuple[Condition, ...] = (
         ),
         dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
         thresholds=(
-            Threshold("waiting_min", 0.0, "waiting requests (window minimum) above this"),
+            Threshold("waiting_share_min", 0.6, "share of the window's readings with requests waiting at or above this", 0.0, 1.0),
+            Threshold("preemptions_for_capacity_cause", 0.1, "preemptions per second at or above which the cause is kv_capacity (no free block)"),
             Threshold("kv_usage_for_capacity_cause", 0.8, "KV usage window mean at or above which the cause is kv_capacity", 0.0, 1.0),
             Threshold("kv_peak_for_capacity_cause", 0.95, "... and KV usage window peak at or above this", 0.0, 1.0),
             Threshold("running_ratio_for_cap_cause", 0.9, "else mean running / max_num_seqs at or above which the cause is concurrency_cap", 0.0, 1.0),

@@ -263,7 +263,7 @@ class Engine:
             return _Outcome(None, 0.0, missing=[f"no {what} in the {settings.window_seconds:.0f} s window"])
         results: list[tuple[str, Term, Judge]] = []
         for scope in scopes:
-            judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope)
+            judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope, active=self._debounce[condition.id].judged == "active")
             if condition.id in READS_MAX_NUM_SEQS:
                 judge.note(found.max_num_seqs_text, "max_num_seqs", found.max_num_seqs)
             if condition.id in READS_HOST:

@@ -60,8 +60,10 @@ class Judge:
         thresholds: Mapping[str, float],
         scope: str,
         health: Mapping[str, SourceHealth] | None = None,
+        active: bool = False,
     ) -> None:
         self.signals = signals
+        self.active = active  # the condition is active now: a predicate may hold it on what keeps it true (a latch)
         self.health = health or {}
         self.thresholds = thresholds
         self.scope = scope

@@ -58,6 +58,14 @@ def _gpu_stat(metric: str, stat: str) -> Callable[[SignalContext], float | None]
     return compute
 
 
+def _recent_mean(metric: str) -> Callable[[SignalContext], float | None]:
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.recent().gauge_points(metric, ctx.scope, mean_of) if ctx.view.frames else []
+        return mean_of(points) if points else None
+
+    return compute
+
+
 def _memory_free_ratio(ctx: SignalContext) -> float | None:
     """The least free share of a GPU's memory among the scope's GPUs, in the newest reading that has it."""
     for frame in reversed(ctx.view.frames):
@@ -152,6 +160,13 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
     *_gpu_stats("gpu_sm_occupancy_ratio", "sm_occupancy_ratio", "GPM SM occupancy (0..1)", ("mean",)),
     *_gpu_stats("gpu_tensor_active_ratio", "tensor_active_ratio", "GPM tensor-core activity (0..1)", ("mean",)),
     *_gpu_stats("gpu_dram_bandwidth_utilization_ratio", "dram_bandwidth_utilization_ratio", "GPM DRAM bandwidth utilisation (0..1)", ("mean",)),
+    *(
+        SignalDef(f"{metric}_recent", family, f"{what}, mean over the window's last 10 s (what the GPU does now).", _recent_mean(metric), (("stat", "recent"),))
+        for metric, family, what in (
+            ("gpu_utilization_ratio", "utilization_ratio", "util.gpu"),
+            ("gpu_sm_active_ratio", "sm_active_ratio", "GPM SM activity"),
+        )
+    ),
     SignalDef("gpu_sm_activity_ratio", "sm_activity_ratio", "SM activity: GPM SM active, or util.gpu where GPM is missing.", _sm_activity),
     SignalDef(
         "gpu_sm_activity_from_gpm",

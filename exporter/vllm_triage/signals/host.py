@@ -15,6 +15,25 @@ def _role_cpu_cores(role: str) -> Callable[[SignalContext], float | None]:
     return lambda ctx: ctx.view.rate("process_cpu_seconds_total", role_scope(role))
 
 
+def _role_cpu_cores_recent(role: str) -> Callable[[SignalContext], float | None]:
+    return lambda ctx: ctx.view.recent().rate("process_cpu_seconds_total", role_scope(role)) if ctx.view.frames else None
+
+
+def _role_stopped_seconds(role: str) -> Callable[[SignalContext], float | None]:
+    """How long, up to the newest reading, a process of the role has been stopped in every reading (0 when running)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        frames = [(f.timestamp, max(values)) for f in ctx.view.frames if (values := [s.value for s in f.series("process_stopped", role_scope(role))])]
+        if not frames:
+            return None
+        start = len(frames)
+        while start > 0 and frames[start - 1][1] > 0:
+            start -= 1
+        return 0.0 if start == len(frames) else frames[-1][0] - frames[start][0]
+
+    return compute
+
+
 def _role_busiest_thread(role: str) -> Callable[[SignalContext], float | None]:
     """Window mean of the busiest thread's share of one core (1.0 = a saturated core)."""
 
@@ -41,6 +60,26 @@ def _cgroup_throttled_ratio(ctx: SignalContext) -> float | None:
 
 HOST_SIGNALS: tuple[SignalDef, ...] = (
     *(SignalDef(f"host_{role}_cpu_cores", "cpu_cores", "CPU of the role's processes, in cores.", _role_cpu_cores(role), (("role", role),)) for role in ROLES),
+    *(
+        SignalDef(
+            f"host_{role}_cpu_cores_recent",
+            "cpu_cores_recent",
+            "CPU of the role's processes over the window's last 10 s, in cores (what it does now, inside a stall).",
+            _role_cpu_cores_recent(role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
+    *(
+        SignalDef(
+            f"host_{role}_stopped_seconds",
+            "stopped_seconds",
+            "How long a process of the role has been stopped (or a zombie) in every reading up to the newest, in seconds.",
+            _role_stopped_seconds(role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
     *(
         SignalDef(
             f"host_{role}_busiest_thread_cpu_ratio",

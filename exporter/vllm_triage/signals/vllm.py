@@ -105,6 +105,14 @@ def _hit_ratio(hits: str, queries: str) -> Callable[[SignalContext], float | Non
     return lambda ctx: safe_ratio(ctx.view.increase(hits, ctx.scope), ctx.view.increase(queries, ctx.scope))
 
 
+def _waiting_nonempty_ratio(ctx: SignalContext) -> float | None:
+    """Share of the window's readings in which requests waited. Under KV thrash vLLM's gauges collapse to 0 at
+    single scrapes while the queue stays long: a queue is non-empty for a share of the window, not at every
+    reading (its minimum says nothing then)."""
+    points = ctx.view.gauge_points("vllm:num_requests_waiting", ctx.scope)
+    return sum(1 for p in points if p > 0) / len(points) if points else None
+
+
 def _waiting_for(reason: str) -> Callable[[SignalContext], float | None]:
     """Mean requests waiting for one reason (vllm:num_requests_waiting_by_reason: capacity | deferred)."""
 
@@ -301,19 +309,40 @@ def _pending(ctx: SignalContext, index: int) -> float:
     return sum(s.value for name in ("vllm:num_requests_running", "vllm:num_requests_waiting") for s in frame.series(name, ctx.scope))
 
 
-def _seconds_stalled(ctx: SignalContext) -> float | None:
-    """How long, up to the newest reading, requests have been pending (running or waiting) in every reading
-    while the token counters stood still; 0 when nothing is pending or tokens came in the last step."""
+def _stall(ctx: SignalContext) -> tuple[float, float] | None:
+    """(seconds, requests) of the stall up to the newest reading: since the earliest reading after the token
+    counters last rose in which requests were pending that have not all finished since (success and abort
+    both count), or from which on every reading had requests pending, and how many are unfinished. vLLM's
+    running gauge drops to 0 in a real hang while no request finishes: requests seen pending after the
+    counters froze are still in flight whatever the gauges read now."""
     produced = _token_steps(ctx)
     if produced is None:
         return None
     frames = ctx.view.frames
-    start = len(frames) - 1
-    if _pending(ctx, start) <= 0:
-        return 0.0
-    while start > 0 and not produced[start - 1] and _pending(ctx, start - 1) > 0:
-        start -= 1
-    return frames[-1].timestamp - frames[start].timestamp
+    start = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i]), 0)
+    finished = ctx.view.step_increases("vllm:request_success_total", ctx.scope) or [0.0] * len(produced)
+    stuck_at, stuck = None, 0.0
+    finished_after = 0.0
+    busy = True  # every reading from here to the newest had requests pending (the engine stood still with work)
+    for index in range(len(frames) - 1, start - 1, -1):  # newest first: the finishes after each reading accumulate
+        pending = _pending(ctx, index)
+        busy = busy and pending > 0
+        left = pending - finished_after
+        if left > 0 or busy:
+            stuck_at, stuck = index, max(stuck, left)
+        if index > 0:
+            finished_after += finished[index - 1]
+    return (0.0, 0.0) if stuck_at is None else (frames[-1].timestamp - frames[stuck_at].timestamp, stuck)
+
+
+def _seconds_stalled(ctx: SignalContext) -> float | None:
+    stall = ctx.view.once(("stall", ctx.scope), lambda: _stall(ctx))
+    return None if stall is None else stall[0]
+
+
+def _requests_stalled(ctx: SignalContext) -> float | None:
+    stall = ctx.view.once(("stall", ctx.scope), lambda: _stall(ctx))
+    return None if stall is None else stall[1]
 
 
 FLOPS = "vllm:estimated_flops_per_gpu_total"
@@ -407,6 +436,12 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     *_stats("vllm:num_requests_running", "requests_running", "Requests running"),
     *_stats("vllm:num_requests_waiting", "requests_waiting", "Requests waiting"),
     *_stats("vllm:kv_cache_usage_perc", "kv_cache_usage_ratio", "KV cache usage (0..1)", max),
+    SignalDef(
+        "requests_waiting_nonempty_ratio",
+        "requests_waiting_nonempty_ratio",
+        "Share of the window's readings in which requests waited (a queue that a single zero reading does not empty).",
+        _waiting_nonempty_ratio,
+    ),
     SignalDef("preemptions_per_second", "preemptions_per_second", "Preemptions per second.", _rate("vllm:num_preemptions_total")),
     SignalDef(
         "preemptions_per_finished_request",
@@ -542,6 +577,12 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         _kv_last_block_waste_ratio,
     ),
     SignalDef(
+        "window_span_seconds",
+        "window_span_seconds",
+        "Seconds between the window's first and newest reading (shorter than the window while readings are missing).",
+        lambda ctx: ctx.view.span_seconds if len(ctx.view.frames) >= 2 else None,
+    ),
+    SignalDef(
         "seconds_since_last_token",
         "seconds_since_last_token",
         "Seconds since the engine last produced a token (prompt or generated); the window's span when it produced none in the window.",
@@ -550,8 +591,15 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     SignalDef(
         "seconds_stalled_with_requests_pending",
         "seconds_stalled_with_requests_pending",
-        "Seconds for which requests have been pending (running or waiting) while no token was produced; 0 when tokens flow or nothing is pending.",
+        "Seconds for which requests seen pending (running or waiting) after the token counters last rose have not finished while no "
+        "token was produced; 0 when tokens flow or nothing is pending.",
         _seconds_stalled,
+    ),
+    SignalDef(
+        "requests_stalled",
+        "requests_stalled",
+        "Requests seen pending since the token counters last rose that have not finished since (whatever the running gauge reads now).",
+        _requests_stalled,
     ),
     SignalDef(
         "model_flops_per_second",

@@ -72,6 +72,8 @@ class HistogramDelta:
 
 
 _MISSING = object()
+# A stall is judged from 20 s (engine_wedged): its last 10 s lie inside it.
+RECENT_SECONDS = 10.0
 T = TypeVar("T")
 # A histogram's running counts per bound, the bounds of the frame's step, and the first frame with those bounds.
 Totals = tuple[dict[float, float], frozenset[float], float]
@@ -89,6 +91,11 @@ class WindowView:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]  # type: ignore[return-value]
+
+    def recent(self) -> WindowView:
+        """The window's last RECENT_SECONDS: what the process and the GPU do now, inside a stall that the whole
+        window's mean would mix with the minutes before it."""
+        return self.once(("recent",), lambda: WindowView([f for f in self.frames if f.timestamp >= self.frames[-1].timestamp - RECENT_SECONDS]))
 
     @property
     def span_seconds(self) -> float:
