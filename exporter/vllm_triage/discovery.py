@@ -11,6 +11,8 @@ from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from .signals.window import ServerFacts
 from .store import Store
 
+CONTENTION_NOTE_MIN = 0.1  # seconds per second a thread waited for a CPU from which the host notes name it
+
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
@@ -48,6 +50,7 @@ class Discovery:
     process_binding: str | None = None  # how the watched processes were tied to the scraped server
     ignored_processes: int = 0  # vLLM-titled processes of other servers
     gpu_peak: GpuPeak | None = None  # the watched GPUs' model's peaks (the slowest, were they mixed)
+    runnable_tasks: int | None = None  # threads runnable on the host at the newest process reading
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -61,14 +64,26 @@ class Discovery:
         return notes
 
     def busiest_threads(self) -> list[str]:
-        """'engine_core 0 (pid 42): busiest thread "VLLM::EngineCor" (main) at 0.97 of a core', one per process."""
+        """'engine_core 0 (pid 42): busiest thread "VLLM::EngineCor" (main) at 0.97 of a core', one per process, with
+        the thread that waited for a CPU where one did."""
         lines = []
         for p in self.processes:
+            if p.get("role") not in ("engine_core", "api_server"):
+                continue
+            who = f"{p['role']} {p.get('index', 0)} (pid {p['pid']})"
             thread = p.get("busiest_thread")
-            if thread and p.get("role") in ("engine_core", "api_server"):
+            if thread:
                 main = " (main thread)" if thread.get("main") else ""
+                lines.append(f'{who}: busiest thread "{thread["name"]}"{main} at {thread["cpu_ratio"]:.2f} of a core')
+            needy = p.get("neediest_thread")
+            if needy and needy.get("runqueue_wait_ratio", 0.0) >= CONTENTION_NOTE_MIN:
+                main = " (main thread)" if needy.get("main") else ""
+                cpus = p.get("cpus_allowed")
+                where = f"; it may run on {cpus} CPU{'s' if cpus != 1 else ''}" if cpus else ""
+                crowd = f", {self.runnable_tasks} threads runnable on the host now" if self.runnable_tasks is not None else ""
                 lines.append(
-                    f'{p["role"]} {p.get("index", 0)} (pid {p["pid"]}): busiest thread "{thread["name"]}"{main} at {thread["cpu_ratio"]:.2f} of a core'
+                    f'{who}: thread "{needy["name"]}"{main} waited {needy["runqueue_wait_ratio"]:.2f} s per second for a CPU while it ran '
+                    f"{needy['cpu_ratio']:.2f}{where}{crowd}"
                 )
         return lines
 
@@ -126,4 +141,5 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     ignored = int(process.meta.get("ignored_processes", 0)) if process is not None else 0
     known = [p for g in gpus if (p := gpu_peak(g.get("name"))) is not None]
     peak = min(known, key=lambda p: p.bf16_flops_per_second) if known and len(known) == len(gpus) else None
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak)
+    runnable = process.meta.get("runnable_tasks") if process is not None else None
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable)

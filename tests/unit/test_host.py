@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def test_busiest_thread_of_a_spinning_engine_core_is_a_full_core():
     assert all("pid" not in dict(lbl) for _, lbl in second.samples)  # bounded labels: role and index only
 
 
-def process_reading(t: float, engine_core_thread: float, cpu_seconds: float) -> Reading:
+def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, waited: float | None = None) -> Reading:
     core = make_labels({"role": "engine_core", "index": "0"})
     server = make_labels({"role": "api_server", "index": "0"})
     thread = {"tid": 7, "name": "VLLM::EngineCor", "main": True, "cpu_ratio": engine_core_thread}
@@ -48,12 +49,17 @@ def process_reading(t: float, engine_core_thread: float, cpu_seconds: float) -> 
         ("process_busiest_thread_cpu_ratio", core): engine_core_thread,
         ("process_cpu_seconds_total", core): cpu_seconds,
     }
-    if engine_core_thread >= 0.5:  # the relaxed case is a headless engine: no API server visible
+    if engine_core_thread >= 0.5 or waited is not None:  # the relaxed case is a headless engine: no API server visible
         samples[("process_busiest_thread_cpu_ratio", server)] = 0.2
-    return Reading(PROCESS_SOURCE, t, True, samples, meta={"processes": [{"pid": 7, "role": "engine_core", "index": 0, "busiest_thread": thread}]})
+    process = {"pid": 7, "role": "engine_core", "index": 0, "busiest_thread": thread}
+    if waited is not None:  # what schedstat says: the thread ran `engine_core_thread` and waited `waited` for a CPU
+        samples[("process_thread_runqueue_wait_ratio", core)] = waited
+        samples[("process_thread_cpu_demand_ratio", core)] = engine_core_thread + waited
+        process |= {"neediest_thread": {**thread, "runqueue_wait_ratio": waited}, "cpus_allowed": 1}
+    return Reading(PROCESS_SOURCE, t, True, samples, meta={"processes": [process], "runnable_tasks": 4})
 
 
-def starved_run(core_thread: float, gpu_util: float, sm: float, running: float = 8):
+def starved_run(core_thread: float, gpu_util: float, sm: float, running: float = 8, waited: float | None = None):
     config = load(env={})
     settings = {cid: dataclasses.replace(s, window_seconds=20, for_seconds=0, clear_seconds=0) for cid, s in config.conditions.items()}
     engine = Engine(settings, 20, max_num_seqs=64)
@@ -65,7 +71,7 @@ def starved_run(core_thread: float, gpu_util: float, sm: float, running: float =
         c.generation_tokens += 8 * running
         store.add(reading(float(t), page(running, 0, 0.3, c)))
         store.add(gpu_reading(float(t), util=gpu_util, sm=sm))
-        store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread))
+        store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread, waited=waited))
         snapshot = evaluate(engine, store, float(t))
     assert snapshot is not None
     return snapshot, {v.condition: v for v in snapshot.verdicts}
@@ -105,3 +111,37 @@ def test_a_headless_engine_core_decides_alone():
 def test_starvation_names_its_cause():
     _, verdicts = starved_run(core_thread=0.97, gpu_util=0.2, sm=0.05)
     assert verdicts["gpu_starved"].cause == "launch_overhead"  # no GIL window, no PCIe traffic in this run
+
+
+def test_an_engine_core_waiting_for_a_cpu_starves_the_gpu():
+    """Measured on the H200: the engine core sharing its CPUs with busy processes got 0.26-0.34 of a core, SM activity
+    fell to 0.11-0.15. Its thread is not saturated: it waits for a CPU."""
+    _, verdicts = starved_run(core_thread=0.3, gpu_util=0.35, sm=0.13, waited=0.66)
+    v = verdicts["gpu_starved"]
+    assert v.state == "active" and v.cause == "cpu_contention", (v.state, v.cause)
+    texts = [e.text for e in v.evidence]
+    assert any("waited 0.66 s per second for a CPU" in t and "it may run on 1 CPU" in t for t in texts), texts
+    _, verdicts = starved_run(core_thread=0.3, gpu_util=0.35, sm=0.13, waited=0.02)  # a light load: no CPU wanted
+    assert verdicts["gpu_starved"].state == "inactive"
+
+
+def test_run_queue_wait_of_a_real_thread_that_shares_its_cpu():
+    """A process titled like the engine core, pinned to one CPU with two busy loops: it gets about a third of the CPU and
+    waits for it the rest of the time (schedstat)."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    core = subprocess.Popen(["bash", "-c", f'exec -a VLLM::EngineCore {sys.executable} -c "{spin}"'])
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        source = ProcessSource(port=None)
+        time.sleep(0.5)
+        source.collect()
+        time.sleep(2.0)
+        contended = source.collect()
+    finally:
+        for p in (core, *hogs):
+            p.kill()
+    entry = next(p for p in contended.meta["processes"] if p["pid"] == core.pid)
+    needy = entry["neediest_thread"]
+    assert needy["main"] and needy["runqueue_wait_ratio"] > 0.3 and needy["cpu_ratio"] < 0.7, needy
+    assert entry["cpus_allowed"] == 1

@@ -549,6 +549,17 @@ def _gpu_starved(j: Judge) -> Term:
         if j.signals.get(f"host_{role}_busiest_thread_cpu_ratio") is None:
             continue  # a role not visible here (a headless engine has no API server) decides nothing
         host.append(j.compare(f"host_{role}_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", f"{words}'s busiest thread, share of a core", upper=1.0))
+        # A thread that waits for a CPU is starved, not idle: what it ran plus what it waited to run.
+        if j.signals.get(f"host_{role}_thread_cpu_demand_ratio") is not None:
+            host.append(
+                j.compare(
+                    f"host_{role}_thread_cpu_demand_ratio",
+                    ">=",
+                    "thread_cpu_min",
+                    f"{words}'s neediest thread, CPU run + waited for, share of a core",
+                    upper=1.0,
+                )
+            )
         # GIL evidence when py-spy could sample (windows come minutes apart; absent is not unknown)
         gil = j.signals.get(f"host_{role}_gil_held_ratio")
         if gil is not None:
@@ -558,21 +569,46 @@ def _gpu_starved(j: Judge) -> Term:
         return all_of(pending, any_of(low, swinging), j.fact(None, "no engine core or API server visible", "host_engine_core_busiest_thread_cpu_ratio"))
     verdict = all_of(pending, any_of(low, swinging), any_of(*host))
     if verdict.holds:
-        copies = j.signals.get("gpu_pcie_busiest_direction_ratio")
-        if copies is not None and copies >= j.thresholds["pcie_copy_ratio_min"]:
-            j.cause = "pageable_copies"
-            j.note(
-                f"cause pageable_copies: PCIe at {copies:.0%} of the link while the SMs idle: a host thread stages copies",
-                "gpu_pcie_busiest_direction_ratio",
-                copies,
-            )
-        elif python:
-            j.cause = "python"
-            j.note("cause python: a thread holds the GIL at least half the time: Python work between launches is the limit")
-        else:
-            j.cause = "launch_overhead"
-            j.note("cause launch_overhead: a host thread is saturated without holding the GIL most of the time: kernel launches and syncs")
+        _starvation_cause(j, python)
     return verdict
+
+
+def _starvation_cause(j: Judge, python: bool) -> None:
+    """Why the host side cannot feed the GPU: a CPU limit or neighbours first (the host thread waits for a CPU),
+    then what the thread does with the CPU it gets."""
+    throttled = j.signals.get("host_cgroup_throttled_ratio")
+    waits = {role: w for role in ("engine_core", "api_server") if (w := j.signals.get(f"host_{role}_thread_runqueue_wait_ratio")) is not None}
+    role, wait = max(waits.items(), key=lambda item: item[1], default=(None, None))
+    copies = j.signals.get("gpu_pcie_busiest_direction_ratio")
+    if throttled is not None and throttled >= j.thresholds["throttled_ratio_for_cause"]:
+        j.cause = "cpu_throttled"
+        j.note(
+            f"cause cpu_throttled: vLLM's container was throttled by its CPU limit in {throttled:.0%} of CPU periods: the host thread waits for "
+            "its quota, not for work",
+            "host_cgroup_throttled_ratio",
+            throttled,
+        )
+    elif role is not None and wait is not None and wait >= j.thresholds["runqueue_wait_for_cause"]:
+        j.cause = "cpu_contention"
+        j.note(
+            f"cause cpu_contention: the {role.replace('_', ' ')}'s neediest thread waited {wait:.2f} s per second for a CPU: other processes take "
+            "the CPUs it may run on",
+            f"host_{role}_thread_runqueue_wait_ratio",
+            wait,
+        )
+    elif copies is not None and copies >= j.thresholds["pcie_copy_ratio_min"]:
+        j.cause = "pageable_copies"
+        j.note(
+            f"cause pageable_copies: PCIe at {copies:.0%} of the link while the SMs idle: a host thread stages copies",
+            "gpu_pcie_busiest_direction_ratio",
+            copies,
+        )
+    elif python:
+        j.cause = "python"
+        j.note("cause python: a thread holds the GIL at least half the time: Python work between launches is the limit")
+    else:
+        j.cause = "launch_overhead"
+        j.note("cause launch_overhead: a host thread is saturated without holding the GIL most of the time: kernel launches and syncs")
 
 
 # What _advise_capacity reads beside a condition's own evidence.
@@ -963,9 +999,13 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
         summary="The GPU waits for the CPU side of vLLM",
         meaning=(
             "Work is pending but the GPU's SMs are mostly idle (or util.gpu swings), while the engine core's or the API "
-            "server's busiest thread saturates a core: the Python side cannot launch work fast enough."
+            "server's busiest thread saturates a core, or wants one and waits for it (CPU contention, a CPU limit): the host "
+            "side cannot launch work fast enough."
         ),
         next_actions=(
+            "cause=cpu_contention: vLLM's host threads wait for a CPU: give the pod CPU requests equal to its limits (Guaranteed QoS) "
+            "and whole cores (the kubelet's static CPU manager), pin vLLM away from busy neighbours, or move them off the node.",
+            "cause=cpu_throttled: the container's CPU limit throttles it: raise or remove the CPU limit (keep the request).",
             "cause=launch_overhead: many small kernels per step: CUDA graphs (drop --enforce-eager), a larger batch per step, async scheduling.",
             "cause=python: Python work between launches (eager mode runs every layer's Python each step: drop --enforce-eager "
             "for CUDA graphs); enable async scheduling, reduce per-step host work (detokenisation, logprobs, structured output).",
@@ -981,6 +1021,11 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             "gpu_sm_activity_ratio",
             "host_api_server_busiest_thread_cpu_ratio",
             "host_api_server_gil_held_ratio",
+            "host_engine_core_thread_cpu_demand_ratio",
+            "host_engine_core_thread_runqueue_wait_ratio",
+            "host_api_server_thread_cpu_demand_ratio",
+            "host_api_server_thread_runqueue_wait_ratio",
+            "host_cgroup_throttled_ratio",
             "requests_running_mean",
             "requests_waiting_mean",
             "gpu_utilization_ratio_mean",
@@ -999,10 +1044,18 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
             Threshold("gil_held_min", 0.8, "or its GIL held at least this share of the latest py-spy window", 0.0, 1.0),
             Threshold("pcie_copy_ratio_min", 0.05, "cause pageable_copies when PCIe carries at least this share of the link", 0.0, 1.0),
             Threshold("gil_python_cause_min", 0.5, "else cause python when the GIL is held at least this share (launch_overhead below)", 0.0, 1.0),
+            Threshold(
+                "throttled_ratio_for_cause",
+                0.2,
+                "first: cause cpu_throttled when vLLM's container was throttled in at least this share of CPU periods",
+                0.0,
+                1.0,
+            ),
+            Threshold("runqueue_wait_for_cause", 0.2, "then cause cpu_contention when a host thread waited at least this many seconds per second for a CPU"),
         ),
         dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
         sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
-        causes=("python", "launch_overhead", "pageable_copies"),
+        causes=("cpu_throttled", "cpu_contention", "python", "launch_overhead", "pageable_copies"),
     ),
 )
 

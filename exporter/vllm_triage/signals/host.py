@@ -34,11 +34,11 @@ def _role_stopped_seconds(role: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
-def _role_busiest_thread(role: str) -> Callable[[SignalContext], float | None]:
-    """Window mean of the busiest thread's share of one core (1.0 = a saturated core)."""
+def _role_thread_mean(metric: str, role: str) -> Callable[[SignalContext], float | None]:
+    """Window mean of a per-thread share of one core (the role's processes' highest each reading)."""
 
     def compute(ctx: SignalContext) -> float | None:
-        points = ctx.view.gauge_points("process_busiest_thread_cpu_ratio", role_scope(role), max)
+        points = ctx.view.gauge_points(metric, role_scope(role), max)
         return mean_of(points) if points else None
 
     return compute
@@ -85,7 +85,28 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
             f"host_{role}_busiest_thread_cpu_ratio",
             "busiest_thread_cpu_ratio",
             "The role's busiest thread, share of one core (1.0 = saturated), window mean.",
-            _role_busiest_thread(role),
+            _role_thread_mean("process_busiest_thread_cpu_ratio", role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
+    *(
+        SignalDef(
+            f"host_{role}_thread_runqueue_wait_ratio",
+            "thread_runqueue_wait_ratio",
+            "Seconds per second the role's neediest thread (most CPU run + waited for) waited runnable for a CPU (schedstat), window "
+            "mean: CPU contention or a CPU limit.",
+            _role_thread_mean("process_thread_runqueue_wait_ratio", role),
+            (("role", role),),
+        )
+        for role in ROLES
+    ),
+    *(
+        SignalDef(
+            f"host_{role}_thread_cpu_demand_ratio",
+            "thread_cpu_demand_ratio",
+            "The role's neediest thread's CPU run plus waited for, share of one core, window mean (1.0 = it wants a whole core).",
+            _role_thread_mean("process_thread_cpu_demand_ratio", role),
             (("role", role),),
         )
         for role in ROLES

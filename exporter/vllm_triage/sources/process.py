@@ -104,9 +104,12 @@ class _Tracked:
     title: str
     args: dict[str, Any]
     thread_times: dict[int, float] = field(default_factory=dict)  # tid -> cumulative CPU seconds
+    thread_waits: dict[int, float] = field(default_factory=dict)  # tid -> cumulative seconds runnable but not running
     sampled_at: float | None = None  # when thread_times were read
     threads: int = 0
     busiest: dict[str, Any] | None = None  # the busiest thread between the last two reads of thread_times
+    neediest: dict[str, Any] | None = None  # the thread that wanted the most CPU (ran + waited for one) between them
+    cpus_allowed: int | None = None
 
 
 class ProcessSource:
@@ -151,8 +154,9 @@ class ProcessSource:
                 args = parse_vllm_args(cmdline) if role == "api_server" else {}
                 entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args)
                 if previous is not None and previous.role == role:
-                    entry.thread_times, entry.sampled_at = previous.thread_times, previous.sampled_at
-                    entry.threads, entry.busiest = previous.threads, previous.busiest
+                    entry.thread_times, entry.thread_waits, entry.sampled_at = previous.thread_times, previous.thread_waits, previous.sampled_at
+                    entry.threads, entry.busiest, entry.neediest = previous.threads, previous.busiest, previous.neediest
+                    entry.cpus_allowed = previous.cpus_allowed
                 tracked.append(entry)
         self._tracked = tracked  # processes that exited are gone with their state
         self.ignored = len(titled) - len(tracked)
@@ -212,7 +216,7 @@ class ProcessSource:
                 processes.append(self._sample(tracked, now, samples))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 self._scanned_at = -math.inf  # restarted or gone: rescan next time
-        meta: dict[str, Any] = {"processes": processes, "binding": self.binding, "ignored_processes": self.ignored}
+        meta: dict[str, Any] = {"processes": processes, "binding": self.binding, "ignored_processes": self.ignored, "runnable_tasks": _runnable_tasks()}
         servers = [t for t in self._tracked if t.role == "api_server"]
         if servers:
             meta["api_server_args"] = servers[0].args
@@ -232,24 +236,69 @@ class ProcessSource:
             out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
             if due:
                 self._sample_threads(tracked, now, proc.threads())
+                tracked.cpus_allowed = _cpus_allowed(proc)
         out[("process_threads", labels)] = float(tracked.threads)
         entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index, "status": status}
         if tracked.busiest is not None:
             out[("process_busiest_thread_cpu_ratio", labels)] = tracked.busiest["cpu_ratio"]
             entry["busiest_thread"] = tracked.busiest
+        if tracked.neediest is not None:
+            out[("process_thread_runqueue_wait_ratio", labels)] = tracked.neediest["runqueue_wait_ratio"]
+            out[("process_thread_cpu_demand_ratio", labels)] = tracked.neediest["cpu_ratio"] + tracked.neediest["runqueue_wait_ratio"]
+            entry["neediest_thread"] = tracked.neediest
+        if tracked.cpus_allowed is not None:
+            entry["cpus_allowed"] = tracked.cpus_allowed
         return entry
 
     @staticmethod
     def _sample_threads(tracked: _Tracked, now: float, threads: list[Any]) -> None:
+        pid = tracked.process.pid
         times = {t.id: t.user_time + t.system_time for t in threads}
+        waits = {tid: wait for tid in times if (wait := _runqueue_wait_seconds(pid, tid)) is not None}
         if tracked.sampled_at is not None and now > tracked.sampled_at:
             elapsed = now - tracked.sampled_at
             deltas = {tid: value - tracked.thread_times.get(tid, value) for tid, value in times.items()}
             tid, busiest = max(deltas.items(), key=lambda item: item[1], default=(0, 0.0))
-            ratio = max(0.0, busiest / elapsed)
-            pid = tracked.process.pid
-            tracked.busiest = {"tid": tid, "name": _thread_name(pid, tid), "main": tid == pid, "cpu_ratio": round(ratio, 3)}
-        tracked.thread_times, tracked.sampled_at, tracked.threads = times, now, len(threads)
+            tracked.busiest = {"tid": tid, "name": _thread_name(pid, tid), "main": tid == pid, "cpu_ratio": round(max(0.0, busiest / elapsed), 3)}
+            # A thread that waits for a CPU is starved, not idle: what it ran plus what it waited to run is what it wanted.
+            waited = {tid: max(0.0, value - tracked.thread_waits.get(tid, value)) for tid, value in waits.items()}
+            if waited:
+                tid = max(waited, key=lambda t: waited[t] + max(0.0, deltas.get(t, 0.0)))
+                tracked.neediest = {
+                    "tid": tid,
+                    "name": _thread_name(pid, tid),
+                    "main": tid == pid,
+                    "cpu_ratio": round(max(0.0, deltas.get(tid, 0.0)) / elapsed, 3),
+                    "runqueue_wait_ratio": round(waited[tid] / elapsed, 3),
+                }
+        tracked.thread_times, tracked.thread_waits, tracked.sampled_at, tracked.threads = times, waits, now, len(threads)
+
+
+def _runqueue_wait_seconds(pid: int, tid: int) -> float | None:
+    """Seconds the thread has spent runnable but waiting for a CPU (/proc/<pid>/task/<tid>/schedstat, second field,
+    in ns; kernels with schedstats)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _runnable_tasks() -> int | None:
+    """Threads runnable on the whole host now (/proc/stat procs_running): how crowded the run queues are."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            return next((int(line.split()[1]) for line in handle if line.startswith("procs_running ")), None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpus_allowed(process: psutil.Process) -> int | None:
+    """How many CPUs the process may run on (its affinity: cpuset, taskset)."""
+    try:
+        return len(process.cpu_affinity() or [])
+    except (psutil.Error, AttributeError, OSError):
+        return None
 
 
 def _listening_pids(port: int) -> set[int]:
