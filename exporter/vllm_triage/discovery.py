@@ -51,6 +51,8 @@ class Discovery:
     ignored_processes: int = 0  # vLLM-titled processes of other servers
     gpu_peak: GpuPeak | None = None  # the watched GPUs' model's peaks (the slowest, were they mixed)
     runnable_tasks: int | None = None  # threads runnable on the host at the newest process reading
+    orphans: tuple[dict[str, Any], ...] = ()  # engine cores and workers that outlived their API server
+    gpu_processes: tuple[dict[str, Any], ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -87,6 +89,22 @@ class Discovery:
                 )
         return lines
 
+    def orphan_notes(self) -> list[str]:
+        """'engine_core pid 42 (sleeping) outlived its API server and holds 70.0 GiB on GPU 0: ...', one per orphan."""
+        notes = []
+        for orphan in self.orphans:
+            held = [p for p in self.gpu_processes if p.get("pid") == orphan["pid"]]
+            memory = (
+                " and holds " + ", ".join(f"{p['used_bytes'] / 2**30:.1f} GiB on GPU {p['gpu']}" for p in held if p.get("used_bytes") is not None)
+                if any(p.get("used_bytes") is not None for p in held)
+                else " (NVML lists no GPU memory under its pid: it may hold none, or NVML sees the host's pids)"
+            )
+            notes.append(
+                f"{orphan['role']} pid {orphan['pid']} ({orphan.get('status', '?')}) outlived its API server{memory}: a restarted vLLM "
+                f"will not fit beside it; kill it (kill -9 {orphan['pid']})"
+            )
+        return notes
+
     def to_json(self) -> dict[str, Any]:
         return {
             "max_num_seqs": self.max_num_seqs,
@@ -95,6 +113,7 @@ class Discovery:
             "vllm_version": self.vllm_version,
             "api_server_args": self.api_server_args,
             "processes": list(self.processes),
+            "orphans": list(self.orphans),
             "process_binding": self.process_binding,
             "ignored_processes": self.ignored_processes,
             "gpus": list(self.gpus),
@@ -142,4 +161,6 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     known = [p for g in gpus if (p := gpu_peak(g.get("name"))) is not None]
     peak = min(known, key=lambda p: p.bf16_flops_per_second) if known and len(known) == len(gpus) else None
     runnable = process.meta.get("runnable_tasks") if process is not None else None
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable)
+    orphans = tuple(process.meta.get("orphans", ())) if process is not None else ()
+    held = tuple(gpu.meta.get("compute_processes", ())) if gpu is not None and gpu.ok else ()
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held)

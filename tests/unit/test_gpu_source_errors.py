@@ -71,6 +71,7 @@ def fake_nvml(lost: set[int] | None = None, unsupported: set[str] = frozenset(),
     m.nvmlDeviceGetPcieReplayCounter = reading("pcie_replay", 0)
     m.nvmlDeviceGetPcieThroughput = reading("pcie_throughput", 1000)
     m.NVML_PCIE_UTIL_TX_BYTES, m.NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    m.nvmlDeviceGetComputeRunningProcesses = reading("processes", [SimpleNamespace(pid=4242, usedGpuMemory=70 * 2**30)])
 
     def no_events():
         raise NVMLError("events not supported")
@@ -103,6 +104,7 @@ def test_unsupported_field_is_skipped_not_an_error(nvml):
     assert "power" in reading.meta["unsupported"]
     assert series(reading, "gpu_gpm_supported") == {"0": 0.0, "1": 0.0}  # no GPM: says so
     assert series(reading, "gpu_pcie_tx_bytes_per_second") == {"0": 1024000.0, "1": 1024000.0}  # the NVML fallback
+    assert reading.meta["compute_processes"][0] == {"gpu": 0, "pid": 4242, "used_bytes": 70 * 2**30}  # who holds each GPU's memory
 
 
 def test_a_lost_gpu_is_reported_and_the_others_still_read(nvml):

@@ -12,10 +12,12 @@ import time
 import psutil
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
+from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
 from vllm_triage.store import Store
 
+from .pages import failed
 from .test_vllm_source import free_port
 
 
@@ -201,3 +203,43 @@ def test_threads_are_read_every_ten_seconds_and_the_busiest_is_repeated_between(
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_an_engine_core_that_outlives_its_api_server_is_named_with_the_gpu_memory_it_holds():
+    """The API server SIGKILLed (an OOM kill) while its engine core lives on, holding its GPU: vLLM's port stops
+    answering, and the verdict says what of vLLM still runs and what it holds."""
+    port = free_port()
+    server, core = fake_vllm(port, 48)
+    try:
+        time.sleep(0.3)
+        source = ProcessSource(port=port)
+        assert source.collect().meta.get("orphans") is None
+        server.kill()  # unreaped for now: a zombie is no API server either
+        time.sleep(0.3)
+        reading = source.collect()
+        assert [(o["pid"], o["role"]) for o in reading.meta["orphans"]] == [(core, "engine_core")]
+        assert core not in {p["pid"] for p in reading.meta["processes"]}  # not judged as the server's engine core
+        orphaned = {dict(labels)["role"]: value for (name, labels), value in reading.samples.items() if name == "process_orphaned"}
+        assert orphaned == {"engine_core": 1.0, "worker": 0.0}
+        server.wait()
+        assert [o["pid"] for o in source.collect().meta["orphans"]] == [core]  # reaped: still the orphan's story
+        config = load(env={})
+        store, engine = Store(120), Engine(config.conditions, 60)
+        for t in range(0, 50, 2):
+            store.add(failed(float(t)))
+            store.add(Reading(PROCESS_SOURCE, float(t), True, reading.samples, meta=reading.meta))
+            store.add(Reading(GPU_SOURCE, float(t), True, {}, meta={"compute_processes": [{"gpu": 0, "pid": core, "used_bytes": 70.5 * 2**30}]}))
+            snapshot = evaluate(engine, store, float(t))
+        unreachable = next(v for v in snapshot.verdicts if v.condition == "vllm_unreachable")
+        assert unreachable.active
+        assert any(f"engine_core pid {core}" in e.text and "holds 70.5 GiB on GPU 0" in e.text and "kill" in e.text for e in unreachable.evidence), [
+            e.text for e in unreachable.evidence
+        ]
+        os.kill(core, signal.SIGKILL)
+        time.sleep(0.3)
+        assert source.collect().meta.get("orphans") is None  # gone with the orphan: nothing holds the GPU
+    finally:
+        server.kill()
+        server.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core, signal.SIGKILL)

@@ -641,6 +641,8 @@ CONDITIONS: tuple[Condition, ...] = (
         next_actions=(
             "Is the server up? Check the pod's restarts and the vLLM container's logs.",
             "Look for OOM kills (kubectl describe pod; dmesg) and CUDA errors in the log.",
+            "An engine core or worker outlived its API server (the evidence names its pid and GPU memory; "
+            "vllm_triage_process_orphaned): it keeps the GPU, so the restarted server cannot allocate: kill it.",
             "Last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
             "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
         ),

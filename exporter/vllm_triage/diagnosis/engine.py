@@ -124,6 +124,8 @@ class _Outcome:
 READS_MAX_NUM_SEQS = frozenset(c.id for c in CONDITIONS if {"max_num_seqs", "running_to_max_num_seqs_ratio"} & set(c.reads))
 # Conditions whose evidence names vLLM's processes and their busiest threads.
 READS_HOST = frozenset({"gpu_starved"})
+# Conditions whose evidence names the vLLM processes that outlived their API server (and the GPU memory they hold).
+READS_ORPHANS = frozenset({"vllm_unreachable"})
 
 
 class Engine:
@@ -252,6 +254,9 @@ class Engine:
         if condition.scope_kind == "global":
             judge = Judge(global_signals, settings.thresholds, "", health)
             term = condition.predicate(judge)
+            if condition.id in READS_ORPHANS and term.holds:
+                for text in found.orphan_notes():
+                    judge.note(text)
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
         scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
         if not scopes:

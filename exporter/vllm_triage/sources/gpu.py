@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
 # temperature, link maxima, replay counter) are read every 10 s, halving NVML calls per tick.
 SLOW_REFRESH_SECONDS = 10.0
 RESELECT_SECONDS = 30.0
+PROCESS_LIST_SECONDS = 10.0
+MAX_COMPUTE_PROCESSES = 32  # per GPU: bounded, whatever a shared node runs
 FALLBACK_RULE = "all visible GPUs (no vLLM process or device variable seen yet)"
 MIB = 1024 * 1024
 
@@ -95,6 +98,8 @@ class GpuSource:
         self._xid_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._processes: list[dict[str, Any]] = []
+        self._processes_at: float | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     def _init(self) -> None:
@@ -259,6 +264,7 @@ class GpuSource:
         }
         if self._unsupported:
             meta["unsupported"] = sorted(self._unsupported)
+        meta["compute_processes"] = self._compute_processes()
         reading = Reading(
             GPU_SOURCE,
             timestamp,
@@ -271,6 +277,24 @@ class GpuSource:
         )
         self._log_state(reading)
         return reading
+
+    def _compute_processes(self) -> list[dict[str, Any]]:
+        """The processes holding memory on the watched GPUs (NVML's pids: the host's, which match the sidecar's only
+        where it shares the host's process namespace), read every PROCESS_LIST_SECONDS: who holds a GPU an orphaned
+        engine core keeps."""
+        if self._processes_at is not None and self.clock() - self._processes_at < PROCESS_LIST_SECONDS:
+            return self._processes
+        listed: list[dict[str, Any]] = []
+        for device in self._devices or []:
+            try:
+                running = self._field("compute_processes", partial(self._nvml.nvmlDeviceGetComputeRunningProcesses, device.handle)) or []
+            except self._nvml.NVMLError:
+                continue
+            for process in running[:MAX_COMPUTE_PROCESSES]:
+                used = getattr(process, "usedGpuMemory", None)
+                listed.append({"gpu": device.index, "pid": int(process.pid), "used_bytes": float(used) if isinstance(used, int) else None})
+        self._processes, self._processes_at = listed, self.clock()
+        return listed
 
     def _read_all(self) -> tuple[dict[SeriesKey, float], list[str]]:
         samples: dict[SeriesKey, float] = {}

@@ -128,6 +128,9 @@ class ProcessSource:
         self._members: set[int] = set()
         self._bound_to_listener = False
         self.ignored = 0
+        # Engine cores and workers that outlived the API server they were watched under (SIGKILL, OOM kill): they
+        # keep their GPU memory, so a restarted server cannot allocate. Kept until they exit, whatever binds next.
+        self._orphans: dict[int, _Tracked] = {}
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
@@ -158,12 +161,29 @@ class ProcessSource:
                     entry.threads, entry.busiest, entry.neediest = previous.threads, previous.busiest, previous.neediest
                     entry.cpus_allowed = previous.cpus_allowed
                 tracked.append(entry)
+        self._adopt_orphans()
+        tracked = [t for t in tracked if t.process.pid not in self._orphans]
         self._tracked = tracked  # processes that exited are gone with their state
         self.ignored = len(titled) - len(tracked)
         if (len(tracked), self.ignored) != self._last_count:
             ignored = f"; {self.ignored} other vLLM-titled process(es) ignored" if self.ignored else ""
             log.info("process source: %d vLLM process(es) watched (%s)%s", len(tracked), self.binding, ignored)
             self._last_count = (len(tracked), self.ignored)
+
+    def _server_gone(self) -> bool:
+        """The API server watched so far exited or is an unreaped zombie (its parent not yet told)."""
+        servers = [t for t in self._tracked if t.role == "api_server"]
+        return bool(servers) and not any(_alive(t.process) for t in servers)
+
+    def _adopt_orphans(self) -> None:
+        """Engine cores and workers watched before whose API server died while they live on."""
+        servers = [t for t in self._tracked if t.role == "api_server"]
+        if self._server_gone():
+            for old in self._tracked:
+                if old.role != "api_server" and _alive(old.process):
+                    self._orphans.setdefault(old.process.pid, old)
+                    log.warning("vLLM %s pid %d outlived its API server (pid %d): it keeps its GPU memory", old.role, old.process.pid, servers[0].process.pid)
+        self._orphans = {pid: t for pid, t in self._orphans.items() if _alive(t.process)}
 
     def _bind(self, titled: dict[int, tuple[str, psutil.Process, list[str]]]) -> tuple[set[int], str, bool]:
         """The pids of the vLLM server the sidecar scrapes, how they were found, and whether by its listening
@@ -206,7 +226,7 @@ class ProcessSource:
         start = time.perf_counter()
         timestamp = self.clock()
         now = time.monotonic()
-        if now - self._scanned_at >= RESCAN_SECONDS or not all(t.process.is_running() for t in self._tracked):
+        if now - self._scanned_at >= RESCAN_SECONDS or not all(t.process.is_running() for t in self._tracked) or self._server_gone():
             self._scan()
             self._scanned_at = now
         samples: dict[SeriesKey, float] = {}
@@ -217,6 +237,11 @@ class ProcessSource:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 self._scanned_at = -math.inf  # restarted or gone: rescan next time
         meta: dict[str, Any] = {"processes": processes, "binding": self.binding, "ignored_processes": self.ignored, "runnable_tasks": _runnable_tasks()}
+        orphans = [t for t in self._orphans.values() if _alive(t.process)]
+        if orphans:
+            meta["orphans"] = [{"pid": t.process.pid, "role": t.role, "title": t.title, "status": _status(t.process)} for t in orphans]
+        for role in ("engine_core", "worker"):
+            samples[("process_orphaned", make_labels({"role": role}))] = float(sum(1 for t in orphans if t.role == role))
         servers = [t for t in self._tracked if t.role == "api_server"]
         if servers:
             meta["api_server_args"] = servers[0].args
@@ -299,6 +324,21 @@ def _cpus_allowed(process: psutil.Process) -> int | None:
         return len(process.cpu_affinity() or [])
     except (psutil.Error, AttributeError, OSError):
         return None
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (an exited child its parent has not reaped holds no memory)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _status(process: psutil.Process) -> str:
+    try:
+        return str(process.status())
+    except psutil.Error:
+        return "gone"
 
 
 def _listening_pids(port: int) -> set[int]:
