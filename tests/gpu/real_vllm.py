@@ -45,6 +45,11 @@ class Scenario:
     truth: str  # what each phase must show, written before the run
     profile_at: tuple[tuple[str, float], ...] = ()  # (phase, seconds into it): a PROFILE_SECONDS torch profile
     stop_engine: tuple[str, float, float] | None = None  # (phase, seconds into it, for how long): SIGSTOP the engine core
+    # (phase, seconds into it, action, its argument), at the same time as the phase's load:
+    #   contend N: the engine core's threads pinned to one CPU shared with N busy loops, for the rest of the phase
+    #   hang_kernel S: a kernel that runs S seconds enqueued on the engine core's stream (SIGUSR1, see HANG_HANDLER)
+    #   kill_api_server: SIGKILL the API server alone (an OOM kill); its engine core lives on
+    actions: tuple[tuple[str, float, str, float], ...] = ()
 
 
 PROFILE_DIR = Path("/tmp/vllm-profile")  # vLLM's torch_profiler_dir; each profile is moved to OUT_DIR/traces/<phase>
@@ -116,7 +121,52 @@ SCENARIOS = {
         "queue_backlog during the stop. idle and recovery: nothing.",
         stop_engine=("wedged", 15.0, 35.0),
     ),
+    # A noisy neighbour: the engine core (which launches the GPU's work at TP 1) pinned to one CPU shared with three
+    # busy loops, the load unchanged; then the CPU is freed.
+    "contention": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (
+            Phase("idle", 15),
+            Phase("serving", 100, 64, 40, 160),
+            Phase("contended", 120, 64, 40, 160),
+            Phase("recovered", 100, 64, 40, 160),
+            Phase("idle", 10),
+        ),
+        "serving and recovered: no gpu_starved (the GPU keeps up). contended (engine core and three busy loops on one CPU): "
+        "gpu_starved within 90 s with cause cpu_contention, the engine core's thread waiting for its CPU in the evidence; "
+        "tokens per second and SM activity well below serving's. It clears after recovered starts.",
+        actions=(("contended", 0.0, "contend", 3.0),),
+    ),
+    # A kernel that does not finish on the engine's stream, then the API server killed while its engine core lives on.
+    "hang_orphan": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (Phase("idle", 10), Phase("serving", 50, 8, 40, 400), Phase("hung", 70, 8, 40, 400), Phase("orphaned", 60)),
+        "serving: nothing. hung (a 200 s kernel enqueued 5 s in): engine_wedged within 40 s with cause hung_kernel (or "
+        "blocked), util.gpu near 1 with idle SMs in its evidence. orphaned (the API server SIGKILLed at its start): "
+        "vllm_unreachable within 35 s, naming the engine core that outlived it and the GPU memory it holds.",
+        actions=(("hung", 5.0, "hang_kernel", 200.0), ("orphaned", 0.0, "kill_api_server", 0.0)),
+    ),
 }
+
+# Installed in vLLM's processes through sitecustomize (the engine core is where SIGUSR1 is sent): the handler runs on
+# the main thread between two bytecodes and enqueues a spinning kernel on the current stream; the engine's next
+# synchronize waits for it. The spin is counted in SM clock cycles at the GPU's maximum SM clock.
+HANG_HANDLER = """
+import os, signal
+
+def _hang(signum, frame):
+    import pynvml, torch
+    pynvml.nvmlInit()
+    mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
+    seconds = float(os.environ.get("VLLM_TRIAGE_HANG_SECONDS", "60"))
+    torch.cuda._sleep(int(seconds * mhz * 1e6))
+    print(f"sitecustomize: a {seconds:.0f} s kernel enqueued (pid {os.getpid()})", flush=True)
+
+signal.signal(signal.SIGUSR1, _hang)
+"""
+HOOKS = Path("/tmp/vllm-hooks")
 
 
 MODEL_SHAPES = {  # Llama configs; the word-level tokenizer of the staging payload (vocab 768)
@@ -145,10 +195,16 @@ def make_model(kind: str, staged: Path) -> Path:
     return target
 
 
-def start_vllm(model: Path, flags: tuple[str, ...], log: Path) -> subprocess.Popen[bytes]:
+def start_vllm(model: Path, flags: tuple[str, ...], log: Path, hang_seconds: float | None = None) -> subprocess.Popen[bytes]:
+    paths = SITE
+    if hang_seconds is not None:
+        HOOKS.mkdir(parents=True, exist_ok=True)
+        (HOOKS / "sitecustomize.py").write_text(HANG_HANDLER)
+        paths = f"{HOOKS}:{SITE}"
     env = {
         **os.environ,
-        "PYTHONPATH": SITE,
+        "PYTHONPATH": paths,
+        "VLLM_TRIAGE_HANG_SECONDS": str(hang_seconds or 0),
         "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not staged
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -216,7 +272,43 @@ async def stop_engine(after: float, seconds: float, marks: list[tuple[str, float
         marks.append(("engine_continued", time.time()))
 
 
-async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]]) -> None:
+def vllm_pids(title: str) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
+
+
+async def act(action: str, argument: float, after: float, server: subprocess.Popen[bytes], marks: list[tuple[str, float]], until: float) -> None:
+    """One of Scenario.actions, `after` seconds from now; a contention ends at `until` (the phase's end)."""
+    await asyncio.sleep(after)
+    if action == "contend":
+        core = engine_core_pid()
+        cpu = sorted(os.sched_getaffinity(core))[0]
+        allowed = ",".join(map(str, sorted(os.sched_getaffinity(core))))
+        spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+        hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(int(argument))]
+        subprocess.run(["taskset", "-a", "-cp", str(cpu), str(core)], check=True, capture_output=True)
+        marks.append(("contention_started", time.time()))
+        print(f"  the engine core (pid {core}) pinned to CPU {cpu} with {len(hogs)} busy loops", flush=True)
+        try:
+            await asyncio.sleep(max(0.0, until - time.time()))
+        finally:
+            subprocess.run(["taskset", "-a", "-cp", allowed, str(core)], check=False, capture_output=True)
+            for hog in hogs:
+                hog.kill()
+            marks.append(("contention_ended", time.time()))
+    elif action == "hang_kernel":
+        core = engine_core_pid()
+        os.kill(core, signal.SIGUSR1)
+        marks.append(("kernel_hung", time.time()))
+        print(f"  SIGUSR1 to the engine core (pid {core}): a {argument:.0f} s kernel", flush=True)
+    elif action == "kill_api_server":
+        os.kill(server.pid, signal.SIGKILL)
+        marks.append(("api_server_killed", time.time()))
+        print(f"  SIGKILL to the API server (pid {server.pid}); engine cores alive: {vllm_pids('VLLM::EngineCore')}", flush=True)
+
+
+async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]], server: subprocess.Popen[bytes]) -> None:
     profiles: list[tuple[str, float, float]] = []
     for phase in scenario.phases:
         marks.append((phase.name, time.time()))
@@ -224,7 +316,10 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
         if phase.clients:
             load = run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
             profile_at = dict(scenario.profile_at).get(phase.name)
-            if profile_at is not None:
+            acts = [act(a, arg, after, server, marks, time.time() + phase.seconds) for p, after, a, arg in scenario.actions if p == phase.name]
+            if acts:
+                result, *_ = await asyncio.gather(load, *acts)
+            elif profile_at is not None:
                 result, _ = await asyncio.gather(load, take_profile(profile_at, out / "traces" / phase.name, profiles))
             elif scenario.stop_engine is not None and scenario.stop_engine[0] == phase.name:
                 result, _ = await asyncio.gather(load, stop_engine(*scenario.stop_engine[1:], marks))
@@ -233,13 +328,14 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
             await asyncio.to_thread(save_page, out / f"{name}-{phase.name}.metrics.txt")
             print(f"  {result}", flush=True)
         else:
-            await asyncio.sleep(phase.seconds)
+            acts = [act(a, arg, after, server, marks, time.time() + phase.seconds) for p, after, a, arg in scenario.actions if p == phase.name]
+            await asyncio.gather(asyncio.sleep(phase.seconds), *acts)
     marks.append(("end", time.time()))
     if profiles:
         (out / f"{name}-profiles.json").write_text(json.dumps(profiles))
 
 
-async def record(scenario: Scenario, name: str, out: Path) -> None:
+async def record(scenario: Scenario, name: str, out: Path, server: subprocess.Popen[bytes]) -> None:
     config = load(env={}, flags={"vllm_url": URL})
     seconds = sum(p.seconds for p in scenario.phases) + 20  # requests in flight finish after a phase ends
     marks: list[tuple[str, float]] = []
@@ -253,7 +349,7 @@ async def record(scenario: Scenario, name: str, out: Path) -> None:
         "created": time.time(),
     }
     with CaptureWriter(out / f"{name}.jsonl.gz", description) as writer:
-        await asyncio.gather(observe(config, seconds, writer), drive(scenario, name, out, marks))
+        await asyncio.gather(observe(config, seconds, writer), drive(scenario, name, out, marks, server))
     (out / f"{name}.json").write_text(json.dumps(marks))
 
 
@@ -264,12 +360,15 @@ def main() -> None:
     for name in sys.argv[2:]:
         scenario = SCENARIOS[name]
         model = make_model(scenario.model, staged)
-        server = start_vllm(model, scenario.flags, out / f"{name}-vllm.log")
+        hang = next((arg for _, _, action, arg in scenario.actions if action == "hang_kernel"), None)
+        server = start_vllm(model, scenario.flags, out / f"{name}-vllm.log", hang)
         print(f"{time.strftime('%H:%M:%S')} {name}: vLLM ready", flush=True)
         try:
-            asyncio.run(record(scenario, name, out))
+            asyncio.run(record(scenario, name, out, server))
         finally:
             stop(server)
+            for pid in vllm_pids("VLLM::"):  # an engine core that outlived its API server
+                os.kill(pid, signal.SIGKILL)
         if (out / "traces").is_dir():
             summarize_traces(out / "traces", out / f"{name}-traces")
         print(f"{time.strftime('%H:%M:%S')} {name}: done", flush=True)

@@ -8,16 +8,19 @@ table; tests/integration/test_scenarios.py runs the fault scenarios at short set
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import psutil
 from aiohttp import web
 
 from . import vllm_server
@@ -31,7 +34,9 @@ SYMPTOMS = frozenset({"ttft_high", "itl_high"})
 
 @dataclass(frozen=True)
 class Phase(LoadPhase):
-    action: str | None = None  # at the phase's start: "kill" | "restart" the first vLLM
+    # at the phase's start, to the first vLLM: "kill" | "restart" | "stop_engine_core" (SIGSTOP) | "continue_engine_core"
+    # | "kill_api_server" (SIGKILL to the API server alone: its engine core lives on)
+    action: str | None = None
     truth: frozenset[str] = frozenset()  # conditions that must become active in this phase
     tolerated: frozenset[str] = frozenset()  # may be active too (not counted as false)
 
@@ -43,6 +48,7 @@ class Scenario:
     faults: tuple[float, float] | None = None  # (share of scrapes delayed past the timeout, share dropped)
     second_server: tuple[Phase, ...] | None = None  # another vLLM on the host with its own sidecar, its own phases
     what: str = ""
+    max_num_seqs: int = vllm_server.MAX_NUM_SEQS  # the first vLLM's
 
 
 SATURATE = {"clients": 64, "prompt_words": 200, "max_tokens": 300}
@@ -82,6 +88,30 @@ SCENARIOS: tuple[Scenario, ...] = (
         (Phase("saturation", 220, **SATURATE, truth=SATURATED, tolerated=SYMPTOMS_SATURATED),),
         second_server=(Phase("underload", 220, clients=2, truth=frozenset({"client_underload"})),),
         what="two vLLMs on one host, each with its own sidecar: one saturated, one underloaded",
+    ),
+    Scenario(
+        "kv_thrash",
+        (
+            Phase("steady", 60, clients=6, tolerated=SYMPTOMS),
+            Phase("thrash", 200, clients=128, prompt_words=250, max_tokens=500, truth=SATURATED, tolerated=SYMPTOMS_SATURATED),
+            Phase("recovery", 200),
+        ),
+        max_num_seqs=128,
+        what="max_num_seqs 128 on a 40-block cache, 128 clients: more admitted than fit, ~1.4 preemptions per finished request",
+    ),
+    Scenario(
+        "engine_stopped",
+        (
+            Phase("steady", 60, clients=8, prompt_words=50, max_tokens=1000, tolerated=SYMPTOMS),
+            Phase("stopped", 60, clients=8, prompt_words=50, max_tokens=1000, action="stop_engine_core", truth=frozenset({"engine_wedged"})),
+            Phase("resumed", 90, clients=8, prompt_words=50, max_tokens=1000, action="continue_engine_core", tolerated=SYMPTOMS),
+        ),
+        what="8 clients; the engine core SIGSTOPped for 60 s (vLLM's /health stays 200), then continued",
+    ),
+    Scenario(
+        "api_server_killed",
+        (Phase("steady", 60, clients=6, tolerated=SYMPTOMS), Phase("killed", 60, action="kill_api_server", truth=frozenset({"vllm_unreachable"}))),
+        what="6 clients, then the API server SIGKILLed alone: its engine core and worker live on",
     ),
     Scenario(
         "killed",
@@ -195,13 +225,22 @@ class FaultyProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
+def engine_core(server: vllm_server.VllmServer) -> int:
+    return next(c.pid for c in psutil.Process(server.process.pid).children(recursive=True) if c.cmdline()[:1] == ["VLLM::EngineCore"])
+
+
 @contextmanager
 def running(name: str, tmp: Path, port: int | None = None, max_num_seqs: int = vllm_server.MAX_NUM_SEQS) -> Iterator[vllm_server.VllmServer]:
     server = vllm_server.start(tmp / f"{name}.log", port=port, niceness=0, max_num_seqs=max_num_seqs)
+    group = server.process.pid
     try:
         yield server
     finally:
+        with suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)  # a stopped engine core would not hear the SIGTERM
         server.stop()
+        with suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)  # what outlived a killed API server
 
 
 def sidecar_config(settings: str) -> str:
@@ -219,7 +258,7 @@ def run(scenario: Scenario, settings: str = "default", scale: float = 1.0) -> Re
     """Run one scenario; `scale` shortens every phase (short settings need less time)."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with running("vllm", tmp) as server:
+        with running("vllm", tmp, max_num_seqs=scenario.max_num_seqs) as server:
             proxy = FaultyProxy(server.url, *scenario.faults) if scenario.faults else None
             (tmp / "a").mkdir()
             sidecar = start_sidecar(tmp / "a", proxy.url if proxy else server.url, sidecar_config(settings))
@@ -251,6 +290,10 @@ def run(scenario: Scenario, settings: str = "default", scale: float = 1.0) -> Re
                     starts.append(time.monotonic())  # before the action: a restart's outage belongs to its phase
                     if phase.action == "kill":
                         server.kill()
+                    elif phase.action in ("stop_engine_core", "continue_engine_core"):
+                        os.kill(engine_core(server), signal.SIGSTOP if phase.action == "stop_engine_core" else signal.SIGCONT)
+                    elif phase.action == "kill_api_server":
+                        os.kill(server.process.pid, signal.SIGKILL)
                     elif phase.action == "restart":
                         server.kill()
                         restarted = vllm_server.start(tmp / "vllm-restarted.log", port=server.port, niceness=0)
