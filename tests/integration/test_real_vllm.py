@@ -94,7 +94,7 @@ def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vl
         assert values["prompt_tokens_cached_ratio"] is not None
         # full by the sampled gauge, or by vLLM's invariant: it preempts only when no block is free
         assert any(
-            e["holds"] and (e["signal"] == "kv_cache_usage_ratio_mean" and e["value"] >= 0.8 or "(thrash_preemptions_per_second_min)" in e["text"])
+            e["holds"] and ((e["signal"] == "kv_cache_usage_ratio_mean" and e["value"] >= 0.8) or "(thrash_preemptions_per_second_min)" in e["text"])
             for e in kv["evidence"]
         ), kv["evidence"]
         assert sidecar.active()["client_underload"] == 0.0
