@@ -9,6 +9,7 @@ import html
 import json
 import logging
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Generic, Protocol, TypeVar
@@ -72,13 +73,20 @@ class _Busy(asyncio.Protocol):
 
 class _Counted(asyncio.Protocol):
     """aiohttp's handler for one connection, counted from its accept to its close (the server's own
-    list misses connections accepted in a burst but not yet set up)."""
+    list misses connections accepted in a burst but not yet set up). Over TLS, a connection whose handshake
+    never completes (a TCP probe, a port scan, plain HTTP on the TLS port) reaches neither connection_made nor
+    connection_lost: asyncio's TLS layer drops this protocol. Its slot comes back when the protocol is freed, or
+    at the latest when the handshake's deadline has passed (asyncio aborts the handshake by then)."""
 
-    def __init__(self, inner: asyncio.Protocol, site: CappedTCPSite) -> None:
+    def __init__(self, inner: asyncio.Protocol, site: CappedTCPSite, handshake_seconds: float | None) -> None:
         self.inner, self.site = inner, site
         site.open_connections += 1
+        release = self._release = weakref.finalize(self, site.release)
+        self._deadline = asyncio.get_running_loop().call_later(handshake_seconds + 1.0, release) if handshake_seconds is not None else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -94,7 +102,7 @@ class _Counted(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.site.open_connections -= 1
+        self._release()  # once: a finalizer runs at most once
         self.inner.connection_lost(exc)
 
 
@@ -104,11 +112,17 @@ class CappedTCPSite(web.TCPSite):
     timeout is aiohttp's keepalive_timeout, which also runs from the connection's start until its first
     request is complete (see serve())."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, max_connections: int, ssl_context: ssl.SSLContext | None = None, handshake_seconds: float = 10.0
+    ) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context)
         self.max_connections = max_connections
+        self.handshake_seconds = handshake_seconds
         self.open_connections = 0
         self.refused = 0
+
+    def release(self) -> None:
+        self.open_connections -= 1
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -119,10 +133,17 @@ class CappedTCPSite(web.TCPSite):
             if self.open_connections >= self.max_connections:
                 self.refused += 1
                 return _Busy()
-            return _Counted(server(), self)
+            return _Counted(server(), self, self.handshake_seconds if self._ssl_context is not None else None)
 
         self._server = await asyncio.get_running_loop().create_server(
-            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
+            protocol,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self.handshake_seconds if self._ssl_context is not None else None,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
         )
 
 
@@ -146,7 +167,7 @@ async def serve(
     logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=header_timeout_seconds)
     await runner.setup()
-    site = CappedTCPSite(runner, host, port, max_connections, ssl_context)
+    site = CappedTCPSite(runner, host, port, max_connections, ssl_context, handshake_seconds=header_timeout_seconds)
     await site.start()
     return runner, site
 

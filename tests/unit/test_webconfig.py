@@ -4,6 +4,8 @@ process, a certificate made with openssl and a bcrypt hash."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import socket
 import ssl
 import subprocess
 import sys
@@ -41,25 +43,32 @@ def fetch(url: str, ca: Path, user: str | None = None, password: str = "") -> tu
         return error.code, error.read()
 
 
-def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
+def start_tls_sidecar(tmp_path: Path, web: str, extra: str = "") -> tuple[subprocess.Popen, str, Path]:
+    """A demo sidecar behind the web config `web` (started by hand: start_sidecar waits on plain-HTTP /readyz)."""
     ca = certificate(tmp_path)
-    tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS12\n"
-    (tmp_path / "web.yml").write_text(f"{tls}basic_auth_users:\n  prometheus: '{HASH}'\n")
-    # start_sidecar waits on plain-HTTP /readyz: it would never see it; started by hand
-    (tmp_path / "sidecar.yaml").write_text(f"web_config_file: {tmp_path / 'web.yml'}\n")
+    (tmp_path / "web.yml").write_text(web)
+    (tmp_path / "sidecar.yaml").write_text(f"web_config_file: {tmp_path / 'web.yml'}\n{extra}")
     port = free_port()
     command = [str(BIN / "vllm-triage"), "serve", "--demo", "--config", str(tmp_path / "sidecar.yaml"), "--listen", f"127.0.0.1:{port}"]
     process = subprocess.Popen(command, stdout=open(tmp_path / "sidecar.log", "wb"), stderr=subprocess.STDOUT)
     url = f"https://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if fetch(url + "/healthz", ca)[0] == 200:  # open without credentials: a probe needs no secret
+                return process, url, ca
+        except OSError:
+            assert time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
+            time.sleep(0.3)
+
+
+TLS = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS12\n"
+
+
+def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
+    process, url, ca = start_tls_sidecar(tmp_path, f"{TLS}basic_auth_users:\n  prometheus: '{HASH}'\n")
+    port = int(url.rsplit(":", 1)[1])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if fetch(url + "/healthz", ca)[0] == 200:  # open without credentials: a probe needs no secret
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
-                time.sleep(0.3)
         assert fetch(url + "/metrics", ca)[0] == 401
         assert fetch(url + "/metrics", ca, "prometheus", "wrong")[0] == 401
         assert fetch(url + "/diagnosis", ca, "someone", "s3cret")[0] == 401
@@ -67,6 +76,27 @@ def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
         assert status == 200 and b"vllm_triage_build_info" in body
         with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+def test_connections_that_never_finish_a_tls_handshake_give_their_slots_back(tmp_path):
+    """A port scan, a TCP load-balancer probe, plain HTTP on the TLS port: each opens a connection and leaves before
+    (or instead of) a handshake. Far more of them than the listener's cap must not leave it answering 503 for good."""
+    process, url, ca = start_tls_sidecar(tmp_path, TLS, "max_connections: 8\nhttp_header_timeout_seconds: 3\n")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        for _ in range(40):  # connect and leave at once
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        for _ in range(20):  # plain HTTP to the TLS port
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+        deadline = time.monotonic() + 10  # the aborted handshakes are torn down on the sidecar's loop meanwhile
+        while (status := fetch(url + "/healthz", ca)[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status == 200
+        assert fetch(url + "/metrics", ca)[0] == 200
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
