@@ -262,10 +262,14 @@ class Daemon:
 
     def take_over(self, before: Daemon) -> None:
         """Continue from the daemon a reload replaces: its readings of the sources still on (the windows
-        stay full) and its last snapshot, served until this one's first evaluation."""
+        stay full), each verdict's state and its last snapshot, served until this one's first evaluation."""
         self._watched = before._watched  # the content this config came from: a newer change is still seen
         if not self.config.demo and not before.config.demo:
             self.pipeline.store.take_history(before.pipeline.store, self.config.sources)
+            # Verdicts go on where they stood: an active one stays active (its alert neither resolves nor pages again)
+            # and is judged with the new settings from the next tick; its stack dump is not taken twice.
+            self.pipeline.engine.take_state(before.pipeline.engine)
+            self.stack_dumps, self._dumped_for = before.stack_dumps, before._dumped_for
         if before.snapshot is not None:
             self.snapshot = before.snapshot
             self.exposition.update(before.snapshot)

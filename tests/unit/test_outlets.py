@@ -354,3 +354,18 @@ def test_a_reloaded_config_judges_the_readings_already_in_its_window():
     snapshot = after.tick()
     verdict = next(v for v in snapshot.verdicts if v.condition == "kv_cache_saturated")
     assert verdict.active and snapshot.signals  # judged on the inherited window at once
+
+
+def test_a_reload_keeps_each_verdict_where_it_stood():
+    """Any valid reload, even of an unrelated key: active verdicts stay active since the same moment (their alerts
+    neither resolve nor page again), the primary stays, and the evaluation count goes on."""
+    before = saturated_daemon()
+    assert before.snapshot is not None
+    active = {v.condition: v.since for v in before.snapshot.verdicts if v.active}
+    assert "kv_cache_saturated" in active
+    after = Daemon(load(env={}, flags={"max_num_seqs": "64", "log_level": "debug"}), clock=lambda: 78.0)  # default `for`s: 60 s and more
+    after.take_over(before)
+    snapshot = after.tick()
+    assert {v.condition: v.since for v in snapshot.verdicts if v.active} == active
+    assert snapshot.primary == before.snapshot.primary
+    assert snapshot.evaluations == before.snapshot.evaluations + 1

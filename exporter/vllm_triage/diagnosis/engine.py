@@ -149,6 +149,15 @@ class Engine:
         self.evaluations = 0
         self.stale_after = dict(stale_after or {})  # source -> seconds a failing source's readings stay evidence
 
+    def take_state(self, before: Engine) -> None:
+        """Each condition's debounce state (active since when, pending, clearing) and the evaluation count from the
+        engine a config reload replaces; a condition the new config turned off is dropped, one it turned on starts
+        fresh."""
+        for condition_id, state in before._debounce.items():
+            if condition_id in self._debounce:
+                self._debounce[condition_id] = dataclasses.replace(state)
+        self.evaluations = before.evaluations
+
     @property
     def horizon_seconds(self) -> float:
         """How much history the store must keep for the longest window."""
