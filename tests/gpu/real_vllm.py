@@ -47,7 +47,7 @@ class Scenario:
     stop_engine: tuple[str, float, float] | None = None  # (phase, seconds into it, for how long): SIGSTOP the engine core
     # (phase, seconds into it, action, its argument), at the same time as the phase's load:
     #   contend N: the engine core's threads pinned to one CPU shared with N busy loops, for the rest of the phase
-    #   hang_kernel S: a kernel that runs S seconds enqueued on the engine core's stream (SIGUSR1, see HANG_HANDLER)
+    #   hang_kernel S: a kernel that runs S seconds enqueued in the engine core (see HANG_HOOK)
     #   kill_api_server: SIGKILL the API server alone (an OOM kill); its engine core lives on
     actions: tuple[tuple[str, float, str, float], ...] = ()
 
@@ -122,15 +122,16 @@ SCENARIOS = {
         stop_engine=("wedged", 15.0, 35.0),
     ),
     # A noisy neighbour: the engine core (which launches the GPU's work at TP 1) pinned to one CPU shared with three
-    # busy loops, the load unchanged; then the CPU is freed.
+    # busy loops, the load unchanged; then the CPU is freed. Wide layers (dummy weights: nothing to write) keep the
+    # GPU busy at full CPU: the 1B model's eager steps are CPU-bound already (gpu_starved at baseline, first run).
     "contention": Scenario(
-        "1b",
-        ("--max-num-seqs", "256"),
+        "wide",
+        ("--max-num-seqs", "256", "--load-format", "dummy", "--dtype", "bfloat16"),
         (
-            Phase("idle", 15),
-            Phase("serving", 100, 64, 40, 160),
-            Phase("contended", 120, 64, 40, 160),
-            Phase("recovered", 100, 64, 40, 160),
+            Phase("idle", 10),
+            Phase("serving", 90, 128, 300, 128),
+            Phase("contended", 100, 128, 300, 128),
+            Phase("recovered", 90, 128, 300, 128),
             Phase("idle", 10),
         ),
         "serving and recovered: no gpu_starved (the GPU keeps up). contended (engine core and three busy loops on one CPU): "
@@ -138,39 +139,58 @@ SCENARIOS = {
         "tokens per second and SM activity well below serving's. It clears after recovered starts.",
         actions=(("contended", 0.0, "contend", 3.0),),
     ),
-    # A kernel that does not finish on the engine's stream, then the API server killed while its engine core lives on.
+    # A kernel that does not finish for 40 s on the engine's GPU, then it does.
+    "hung_kernel": Scenario(
+        "wide",
+        ("--max-num-seqs", "256", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (Phase("idle", 10), Phase("serving", 40, 8, 40, 400), Phase("hung", 60, 8, 40, 400), Phase("recovery", 40, 8, 40, 400)),
+        "serving: nothing. hung (a 40 s kernel enqueued 5 s in): engine_wedged within 40 s with cause hung_kernel (or blocked), "
+        "util.gpu near 1 with idle SMs in its evidence; it clears once the kernel ends (about 45 s in).",
+        actions=(("hung", 5.0, "hang_kernel", 40.0),),
+    ),
+    # The API server killed (an OOM kill) while its engine core lives on, holding the GPU (the first run's hang did not take).
     "hang_orphan": Scenario(
         "1b",
         ("--max-num-seqs", "256"),
         (Phase("idle", 10), Phase("serving", 50, 8, 40, 400), Phase("hung", 70, 8, 40, 400), Phase("orphaned", 60)),
-        "serving: nothing. hung (a 200 s kernel enqueued 5 s in): engine_wedged within 40 s with cause hung_kernel (or "
-        "blocked), util.gpu near 1 with idle SMs in its evidence. orphaned (the API server SIGKILLed at its start): "
-        "vllm_unreachable within 35 s, naming the engine core that outlived it and the GPU memory it holds.",
+        "orphaned (the API server SIGKILLed at its start): vllm_unreachable within 35 s, naming the engine core that outlived it and the GPU memory it holds.",
         actions=(("hung", 5.0, "hang_kernel", 200.0), ("orphaned", 0.0, "kill_api_server", 0.0)),
     ),
 }
 
-# Installed in vLLM's processes through sitecustomize (the engine core is where SIGUSR1 is sent): the handler runs on
-# the main thread between two bytecodes and enqueues a spinning kernel on the current stream; the engine's next
-# synchronize waits for it. The spin is counted in SM clock cycles at the GPU's maximum SM clock.
-HANG_HANDLER = """
-import os, signal
+# Installed in vLLM's processes through sitecustomize: a thread that waits for HANG_TRIGGER to name its pid, then
+# enqueues a kernel that spins for the given seconds (in SM clock cycles at the GPU's maximum SM clock) on the legacy
+# default stream, which every blocking stream waits for: the engine's next step and synchronize wait behind it. (A
+# SIGUSR1 handler did not run in vLLM 0.26.0's engine core: the first run served on through it.)
+HANG_TRIGGER = Path("/tmp/vllm-hang")
+HANG_HOOK = f"""
+import os, threading, time
 
-def _hang(signum, frame):
-    import pynvml, torch
-    pynvml.nvmlInit()
-    mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
-    seconds = float(os.environ.get("VLLM_TRIAGE_HANG_SECONDS", "60"))
-    torch.cuda._sleep(int(seconds * mhz * 1e6))
-    print(f"sitecustomize: a {seconds:.0f} s kernel enqueued (pid {os.getpid()})", flush=True)
+def _wait_for_trigger():
+    while True:
+        time.sleep(0.5)
+        try:
+            pid, seconds = open("{HANG_TRIGGER}").read().split()
+        except (OSError, ValueError):
+            continue
+        if int(pid) != os.getpid():
+            continue
+        os.unlink("{HANG_TRIGGER}")
+        import pynvml, torch
+        pynvml.nvmlInit()
+        mhz = pynvml.nvmlDeviceGetMaxClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            torch.cuda._sleep(int(float(seconds) * mhz * 1e6))
+        print(f"sitecustomize: a {{seconds}} s kernel enqueued in pid {{pid}}", flush=True)
 
-signal.signal(signal.SIGUSR1, _hang)
+threading.Thread(target=_wait_for_trigger, daemon=True, name="hang-trigger").start()
 """
 HOOKS = Path("/tmp/vllm-hooks")
 
 
 MODEL_SHAPES = {  # Llama configs; the word-level tokenizer of the staging payload (vocab 768)
     "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+    "wide": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 8, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128},
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
 }
 
@@ -188,6 +208,10 @@ def make_model(kind: str, staged: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (target / name).write_bytes((staged / name).read_bytes())
     config = LlamaConfig(vocab_size=768, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **MODEL_SHAPES[kind])
+    if kind == "wide":  # served with --load-format dummy: vLLM makes its own random weights
+        config.torch_dtype = "bfloat16"
+        config.save_pretrained(target)
+        return target
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(target)
@@ -199,12 +223,11 @@ def start_vllm(model: Path, flags: tuple[str, ...], log: Path, hang_seconds: flo
     paths = SITE
     if hang_seconds is not None:
         HOOKS.mkdir(parents=True, exist_ok=True)
-        (HOOKS / "sitecustomize.py").write_text(HANG_HANDLER)
+        (HOOKS / "sitecustomize.py").write_text(HANG_HOOK)
         paths = f"{HOOKS}:{SITE}"
     env = {
         **os.environ,
         "PYTHONPATH": paths,
-        "VLLM_TRIAGE_HANG_SECONDS": str(hang_seconds or 0),
         "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not staged
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -299,9 +322,9 @@ async def act(action: str, argument: float, after: float, server: subprocess.Pop
             marks.append(("contention_ended", time.time()))
     elif action == "hang_kernel":
         core = engine_core_pid()
-        os.kill(core, signal.SIGUSR1)
+        HANG_TRIGGER.write_text(f"{core} {argument}")
         marks.append(("kernel_hung", time.time()))
-        print(f"  SIGUSR1 to the engine core (pid {core}): a {argument:.0f} s kernel", flush=True)
+        print(f"  the engine core (pid {core}) asked to enqueue a {argument:.0f} s kernel", flush=True)
     elif action == "kill_api_server":
         os.kill(server.pid, signal.SIGKILL)
         marks.append(("api_server_killed", time.time()))

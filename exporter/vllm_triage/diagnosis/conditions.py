@@ -109,7 +109,7 @@ def _engine_wedged(j: Judge) -> Term:
             "host_engine_core_stopped",
             stopped,
         )
-    elif resident and (sm is None or sm <= j.thresholds["hung_sm_active_max"]) and (cpu is None or cpu < j.thresholds["idle_cpu_cores_max"]):
+    elif resident and (sm is None or sm <= j.thresholds["hung_sm_active_max"]):  # whether the engine core blocks or spins in its wait
         j.cause = "hung_kernel"
         idle = "" if sm is None else f", SMs {sm:.2f} active"
         j.note(
