@@ -8,6 +8,10 @@
   (the underload trace is tests/data/vllm-0.26.0-h200-profile-underload/).
 - efficiency_wedge: the 1B Llama with --enable-mfu-metrics: prefill (32 clients of 900 words), decode (128
   clients of 400 tokens), then 8 clients with the engine core stopped by SIGSTOP for 35 s, and continued.
+- contention: wide layers (8 x 8192, dummy weights), 128 clients; the engine core pinned to one CPU shared with
+  three busy loops for 100 s, then freed.
+- hung_kernel: the wide model, 8 clients; a 40 s kernel enqueued in the engine core.
+- orphan: the 1B model, 8 clients; then the API server SIGKILLed while its engine core lives on.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def short_settings(tmp_path: Path) -> Config:
 
 
 # phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
+CONTENTION = {"contended": ({"gpu_starved"}, set())}  # what `make scenarios` reports on (the tests below judge it)
+HUNG_KERNEL = {"hung": ({"engine_wedged"}, set())}
 SERVING = {
     "idle": (set(), ALL),
     # 2 of 32 running, SMs at ~0.04, the engine core's main thread at ~0.98 of a core: starvation leads,
@@ -253,3 +259,64 @@ def test_saturation_advice_carries_its_numbers(tmp_path):
         assert any("replicas of this size" in a for a in kv.advice)
         assert not any("--gpu-memory-utilization" in a for a in kv.advice)
         assert any("no --gpu-memory-utilization advice" in e.text for e in kv.evidence)
+
+
+def marks_of(name: str) -> dict[str, float]:
+    return {mark: at for mark, at in json.loads((DATA / f"real-vllm-h200-{name}.json").read_text())}
+
+
+def first_active(snapshots: list, condition: str, start: float, end: float):
+    return next((s for s in snapshots if start <= s.timestamp <= end and verdict(s, condition).active), None)
+
+
+def test_an_engine_core_sharing_its_cpu_with_busy_processes_starves_the_gpu_with_cause_cpu_contention():
+    """Default settings. Wide layers (dummy weights) that keep the H200 busy at full CPU (SM activity ~0.6), then the
+    engine core's threads pinned to one CPU shared with three busy loops for 100 s: it got ~0.25 of a core, waited
+    ~0.7 s per second for it, tokens/s fell ~4x and SM activity to ~0.15. Its busiest thread never read saturated
+    (0.24-0.44 of a core): the thread waiting for a CPU is what tells it."""
+    marks = marks_of("contention")
+    snapshots = replayed("contention", load(env={}))
+    assert first_active(snapshots, "gpu_starved", 0, marks["contention_started"]) is None  # the GPU kept up before
+    first = first_active(snapshots, "gpu_starved", marks["contention_started"], marks["contention_ended"])
+    assert first is not None, "gpu_starved never came in the contended phase"
+    starved = verdict(first, "gpu_starved")
+    assert starved.cause == "cpu_contention" and first.primary == "gpu_starved", (starved.cause, first.primary)
+    texts = [e.text for e in starved.evidence]
+    assert any("cause cpu_contention" in t for t in texts) and any("s per second for a CPU" in t and "it may run on 1 CPU" in t for t in texts), texts
+    host = first.signals["host"]
+    assert host["host_engine_core_busiest_thread_cpu_ratio"] < 0.85 <= host["host_engine_core_thread_cpu_demand_ratio"]
+    print(f"gpu_starved {first.timestamp - marks['contention_started']:.0f} s after the contention started")
+
+
+def test_a_kernel_that_does_not_finish_is_engine_wedged_with_cause_hung_kernel_though_vllms_gauges_read_zero():
+    """Default settings. A 40 s kernel enqueued in the engine core (wide layers): the 8 requests in flight had just
+    finished, the next 8 waited behind the kernel, and vLLM's running and waiting gauges read 0 throughout; util.gpu
+    1.0, SM activity 0.01, the engine core 0.015 cores."""
+    marks = marks_of("hung_kernel")
+    snapshots = replayed("hung_kernel", load(env={}))
+    first = first_active(snapshots, "engine_wedged", marks["kernel_hung"], marks["recovery"])
+    assert first is not None and first.timestamp - marks["kernel_hung"] <= 40, first and first.timestamp - marks["kernel_hung"]
+    wedged = verdict(first, "engine_wedged")
+    assert wedged.cause == "hung_kernel" and first.primary == "engine_wedged"
+    assert any("a kernel is resident and does not finish" in e.text for e in wedged.evidence), [e.text for e in wedged.evidence]
+    assert first.signals["tiny/0"]["requests_stalled"] == 0  # vLLM's gauges saw nothing pending since the freeze
+    tokens_again = next(
+        s.timestamp for s in snapshots if s.timestamp > marks["kernel_hung"] + 20 and (s.signals["tiny/0"]["seconds_since_last_token"] or 0) == 0
+    )
+    cleared = next(s for s in snapshots if s.timestamp >= first.timestamp and not verdict(s, "engine_wedged").active)
+    assert cleared.timestamp - tokens_again <= 5
+    elsewhere = [s.timestamp for s in snapshots if verdict(s, "engine_wedged").active and not marks["kernel_hung"] <= s.timestamp <= cleared.timestamp]
+    assert not elsewhere
+    assert not [s.timestamp for s in replayed("contention", load(env={})) if verdict(s, "engine_wedged").active]
+
+
+def test_an_api_server_killed_while_its_engine_core_lives_on_names_the_orphan_and_its_gpu_memory():
+    """Default settings. The 1B model's API server SIGKILLed; its engine core lived on holding the GPU (the capture's
+    'hung' phase asked for a kernel that never ran: a SIGUSR1 handler, which vLLM 0.26.0's engine core never ran)."""
+    marks = marks_of("orphan")
+    snapshots = replayed("orphan", load(env={}))
+    first = first_active(snapshots, "vllm_unreachable", marks["api_server_killed"], marks["end"] + 30)
+    assert first is not None and first.timestamp - marks["api_server_killed"] <= 35
+    texts = [e.text for e in verdict(first, "vllm_unreachable").evidence]
+    assert any("engine_core pid" in t and "outlived its API server and holds 70.0 GiB on GPU 0" in t and "kill -9" in t for t in texts), texts
+    assert first.latest["process"][("process_orphaned", (("role", "engine_core"),))] == 1.0

@@ -80,6 +80,17 @@ def _engine_wedged(j: Judge) -> Term:
         limit = prefill * j.thresholds["prefill_p95_multiple"]
         j.note(f"prefills take up to {prefill:.1f} s (p95 in the window): a stall counts from {limit:.0f} s", "prefill_time_seconds_p95", prefill)
     stalled = j.compare("seconds_stalled_with_requests_pending", ">=", "stalled_seconds_min", "requests pending and no token produced for", " s", limit=limit)
+    # A kernel resident on the GPU that computes nothing while no token comes: vLLM's gauges never see the requests
+    # that arrive behind it (a real H200 run: running read 0 throughout while 8 clients waited), the GPU does.
+    if j.signals.get("gpu_utilization_ratio_recent") is not None and j.signals.get("gpu_sm_active_ratio_recent") is not None:
+        stalled = any_of(
+            stalled,
+            all_of(
+                j.compare("seconds_since_last_token", ">=", "stalled_seconds_min", "no token produced for", " s", limit=limit),
+                j.compare("gpu_utilization_ratio_recent", ">=", "resident_utilization_min", "util.gpu over the last 10 s (a kernel resident)", upper=1.0),
+                j.compare("gpu_sm_active_ratio_recent", "<=", "hung_sm_active_max", "GPM SM activity over the last 10 s (computing nothing)", upper=1.0),
+            ),
+        )
     # A stopped engine core runs no code whatever vLLM's gauges say: the host's view alone is enough.
     stopped_for = j.signals.get("host_engine_core_stopped_seconds")
     if stopped_for:
