@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, Condition
+from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
@@ -21,6 +21,9 @@ KV_USAGE = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
 
 def _kv_over_time(function: str, window: str) -> str:
     return f"({function}(vllm:kv_cache_usage_perc[{window}]) or {function}(vllm:gpu_cache_usage_perc[{window}]))"
+
+
+KEEP_FIRING_FOR = "5m"
 
 
 def alert_name(condition_id: str) -> str:
@@ -46,8 +49,10 @@ def condition_alerts() -> list[dict[str, Any]]:
         rules.append(
             {
                 "alert": name,
-                # The sidecar already debounced the verdict with the table's for/clear_for.
+                # The sidecar already debounced the verdict with the table's for/clear_for; keep_firing_for rides
+                # through a sidecar restart or missed scrapes, so that one incident is one notification.
                 "expr": f'vllm_triage_condition_active{{condition="{c.id}"}} == 1',
+                "keep_firing_for": KEEP_FIRING_FOR,
                 "labels": {"severity": c.severity},
                 "annotations": {
                     "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: {c.summary}",
@@ -207,11 +212,11 @@ def _condition_tests() -> list[dict[str, Any]]:
         c = next(c for c in CONDITIONS if c.id == cid)
         firing = f'vllm_triage_condition_active{{{LABELS},condition="{cid}",layer="{c.layer}",severity="{c.severity}"}}'
         healthy = firing.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
-        series = [{"series": firing, "values": "0 0 1x10"}, {"series": healthy, "values": "0x12"}]
+        series = [{"series": firing, "values": "0 0 1x10 0x5"}, {"series": healthy, "values": "0x17"}]
         cause_note = ""
         if c.causes:
             cause = c.causes[0]
-            series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": "0 0 1x10"})
+            series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": "0 0 1x10 0x5"})
             cause_note = f" (cause: {cause})"
         expected_labels = {
             "severity": c.severity,
@@ -242,6 +247,23 @@ def _condition_tests() -> list[dict[str, Any]]:
                             }
                         ],
                     },
+                    # the verdict went away at 13m (a sidecar restart, missed scrapes): still firing 2 min later ...
+                    {
+                        "eval_time": "15m",
+                        "alertname": rule["alert"],
+                        "exp_alerts": [
+                            {
+                                "exp_labels": dict(expected_labels),
+                                "exp_annotations": {  # as last rendered while the verdict held
+                                    "summary": f"llm/vllm-0: {c.summary}",
+                                    "description": f"{c.meaning}{cause_note} First step: {c.next_actions[0]} See /diagnosis on 10.0.0.1:10290 for the evidence.",
+                                    "runbook_url": rule["annotations"]["runbook_url"],
+                                },
+                            }
+                        ],
+                    },
+                    # ... resolved once it stayed away for keep_firing_for
+                    {"eval_time": "19m", "alertname": rule["alert"], "exp_alerts": []},
                 ],
             }
         )
@@ -365,8 +387,42 @@ def rule_tests(rules_file_name: str) -> dict[str, Any]:
     return {"rule_files": [rules_file_name], "evaluation_interval": "1m", "tests": _condition_tests() + _vllm_alert_tests()}
 
 
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+# The rules on vLLM's own metrics that tell the same story as a condition: its alert stands in for them.
+SAME_STORY = {
+    "vllm_unreachable": ("VllmTargetDown",),
+    "kv_cache_saturated": ("VllmKvCacheFull",),
+    "queue_backlog": ("VllmRequestsWaiting", "VllmRequestsWaitingPersistent"),
+}
+
+
+def one_story_inhibitions() -> list[dict[str, Any]]:
+    """One page per incident: each condition's alert mutes, for the same pod, the alerts of every condition ranked
+    after it in the sidecar's precedence (the one whose fix comes first leads: the primary verdict) and the rules on
+    vLLM's own metrics that tell its story or a later one's."""
+    alerting = [cid for cid in PRECEDENCE if CONDITIONS_BY_ID[cid].severity in ("warning", "critical")]
+    severity = {alert_name(cid): CONDITIONS_BY_ID[cid].severity for cid in alerting} | {a["alert"]: a["labels"]["severity"] for a in VLLM_ALERTS}
+    rules = []
+    for index, cid in enumerate(alerting):
+        # never a page muted by a ticket: only alerts of the source's severity or lower
+        rank = SEVERITY_RANK[CONDITIONS_BY_ID[cid].severity]
+        later = [alert_name(other) for other in alerting[index + 1 :]]
+        later += [name for other in alerting[index:] for name in SAME_STORY.get(other, ())]
+        later = [name for name in later if SEVERITY_RANK[severity[name]] <= rank]
+        if later:
+            rules.append(
+                {
+                    "source_matchers": [f'alertname="{alert_name(cid)}"'],
+                    "target_matchers": [f'alertname=~"{"|".join(later)}"'],
+                    "equal": ["namespace", "pod"],
+                }
+            )
+    return rules
+
+
 def alertmanager_example() -> dict[str, Any]:
-    """critical -> pager, warning -> ticket, info -> nowhere; a critical inhibits the warnings of the same pod."""
+    """critical -> pager, warning -> ticket, info -> nowhere; a critical inhibits the warnings of the same pod, and
+    the leading verdict's alert the alerts of the verdicts it explains (one_story_inhibitions)."""
     return {
         "route": {
             "receiver": "ticket",
@@ -382,6 +438,7 @@ def alertmanager_example() -> dict[str, Any]:
         },
         "inhibit_rules": [
             {"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'], "equal": ["namespace", "pod"]},
+            *one_story_inhibitions(),
         ],
         "receivers": [
             {"name": "pager", "webhook_configs": [{"url": "http://pager.example.invalid/alert", "send_resolved": True}]},

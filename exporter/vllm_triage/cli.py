@@ -206,8 +206,18 @@ def _capture_path(name: str) -> Path:
 
 
 def _instant(config: Config, window_seconds: float) -> Config:
-    """Settings for a one-shot judgement: no debouncing, one window over the whole observation."""
-    conditions = {cid: dataclasses.replace(s, for_seconds=0.0, clear_seconds=0.0, window_seconds=window_seconds) for cid, s in config.conditions.items()}
+    """Settings for a one-shot judgement: no debouncing, one window over the whole observation, and no startup grace
+    (whoever asks wants to know whether vLLM answers now)."""
+    conditions = {
+        cid: dataclasses.replace(
+            s,
+            for_seconds=0.0,
+            clear_seconds=0.0,
+            window_seconds=window_seconds,
+            thresholds={**s.thresholds, "startup_grace_seconds": 0.0} if "startup_grace_seconds" in s.thresholds else s.thresholds,
+        )
+        for cid, s in config.conditions.items()
+    }
     return dataclasses.replace(config, window_seconds=window_seconds, conditions=conditions)
 
 

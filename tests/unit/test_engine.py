@@ -458,3 +458,20 @@ def test_high_itl_from_prefill_chunks_advises_a_max_num_batched_tokens_within_th
     # the largest multiple of 256 whose chunk keeps a step (the ITL median + the chunk's prefill) within 100 ms
     assert chunk % 256 == 0 and values["inter_token_latency_seconds_p50"] + chunk * per_token <= 0.1
     assert values["inter_token_latency_seconds_p50"] + (chunk + 256) * per_token > 0.1
+
+
+def test_a_vllm_still_loading_its_model_is_starting_not_unreachable():
+    """A pod start or a rollout: the sidecar is up while vLLM loads its model for minutes. Nothing pages until the
+    startup grace (the chart's startup probe) has passed; once vLLM has answered, an outage is judged as before."""
+    s = Scenario(engine())
+    snap = s.fail(600)  # 10 minutes of model load
+    v = verdict(snap, "vllm_unreachable")
+    assert v.state == "inactive" and any(e.text.startswith("starting: vLLM is loading") for e in v.evidence), [e.text for e in v.evidence]
+    assert snap.primary is None
+    s = Scenario(engine({"vllm_unreachable": {"thresholds": {"startup_grace_seconds": 300}}}))
+    snap = s.fail(330)  # a load that never ends: unreachable after the grace and the condition's `for`
+    assert verdict(snap, "vllm_unreachable").state == "active"
+    s = Scenario(engine())
+    s.run(10)
+    snap = s.fail(40)  # answered once, then down: an outage at once
+    assert verdict(snap, "vllm_unreachable").state == "active"

@@ -141,3 +141,26 @@ def test_every_condition_has_its_panel_on_the_conditions_dashboard():
     placed = [cid for _, ids in FAMILIES for cid in ids]
     # vllm_unreachable reads no windowed signal: its evidence is the overview's source health row
     assert sorted(placed) == sorted(c.id for c in CONDITIONS if c.id != "vllm_unreachable")
+
+
+def test_one_incident_pages_once_and_no_page_is_muted_by_a_ticket():
+    """The Alertmanager example's inhibitions follow the sidecar's precedence: a full KV cache's alert mutes the
+    backlog it explains and vLLM's own rules for the same story; vLLM down mutes the target-down rule; a warning
+    never mutes a critical."""
+    from mixin.rules import VLLM_ALERTS, alertmanager_example, alert_name
+    from vllm_triage.diagnosis.conditions import CONDITIONS_BY_ID
+
+    severity = {alert_name(cid): c.severity for cid, c in CONDITIONS_BY_ID.items()} | {a["alert"]: a["labels"]["severity"] for a in VLLM_ALERTS}
+
+    def muted_by(source: str) -> set[str]:
+        rules = [r for r in alertmanager_example()["inhibit_rules"] if r["source_matchers"] == [f'alertname="{source}"']]
+        return {name for r in rules for name in r["target_matchers"][0].split('"')[1].split("|")} if rules else set()
+
+    assert {"VllmKvCacheFull", "VllmTriageQueueBacklog", "VllmTriagePreemptionStorm", "VllmRequestsWaitingPersistent"} <= muted_by("VllmTriageKvCacheSaturated")
+    assert "VllmTargetDown" in muted_by("VllmTriageVllmUnreachable")
+    assert "VllmTriageKvCacheSaturated" in muted_by("VllmTriageEngineWedged")
+    for rule in alertmanager_example()["inhibit_rules"][1:]:
+        source = rule["source_matchers"][0].split('"')[1]
+        order = {"warning": 1, "critical": 2}
+        assert all(order[severity[t]] <= order[severity[source]] for t in muted_by(source)), source
+    assert "VllmTriageKvCacheSaturated" not in muted_by("VllmTriageRequestErrors")  # a ticket never mutes a page

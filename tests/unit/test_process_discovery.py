@@ -17,7 +17,8 @@ from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
 from vllm_triage.store import Store
 
-from .pages import failed
+from .pages import Counters, failed, page
+from .pages import reading as page_reading
 from .test_vllm_source import free_port
 
 
@@ -225,7 +226,8 @@ def test_an_engine_core_that_outlives_its_api_server_is_named_with_the_gpu_memor
         assert [o["pid"] for o in source.collect().meta["orphans"]] == [core]  # reaped: still the orphan's story
         config = load(env={})
         store, engine = Store(120), Engine(config.conditions, 60)
-        for t in range(0, 50, 2):
+        store.add(page_reading(0.0, page(4, 0, 0.3, Counters())))  # vLLM answered before its API server was killed
+        for t in range(2, 52, 2):
             store.add(failed(float(t)))
             store.add(Reading(PROCESS_SOURCE, float(t), True, reading.samples, meta=reading.meta))
             store.add(Reading(GPU_SOURCE, float(t), True, {}, meta={"compute_processes": [{"gpu": 0, "pid": core, "used_bytes": 70.5 * 2**30}]}))

@@ -61,13 +61,20 @@ def _vllm_unreachable(j: Judge) -> Term:
     # an outage from the start.
     stale = j.signals.get("vllm_stale_after_seconds") or 0.0
     never = scrape.last_success_timestamp is None
-    limit = None if never or stale <= j.thresholds["down_seconds_min"] else stale
+    if never:
+        # A vLLM that never answered is loading its model (minutes; the chart's startup probe allows 30): it is starting,
+        # not down, until the startup grace has passed. A pod start or a rollout pages nobody.
+        grace = j.thresholds["startup_grace_seconds"]
+        term = j.compare("vllm_down_seconds", ">=", "startup_grace_seconds", "vLLM has not answered once since the sidecar started, for", " s")
+        if not term.holds:
+            j.note(f"starting: vLLM is loading (no answer yet); unreachable only after {grace:.0f} s without one (startup_grace_seconds)")
+        j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+        return term
+    limit = None if stale <= j.thresholds["down_seconds_min"] else stale
     term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s", limit=limit)
     if limit is not None:
         j.note(f"a gap shorter than stale_after ({stale:.0f} s) is ridden through", "vllm_stale_after_seconds", stale)
     j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
-    if scrape.last_success_timestamp is None:
-        j.note("vLLM has not been scraped successfully once")
     return term
 
 
@@ -659,7 +666,14 @@ CONDITIONS: tuple[Condition, ...] = (
         ),
         predicate=_vllm_unreachable,
         reads=("vllm_down_seconds", "vllm_stale_after_seconds"),
-        thresholds=(Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),),
+        thresholds=(
+            Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),
+            Threshold(
+                "startup_grace_seconds",
+                1800.0,
+                "before vLLM's first answer: seconds without one after which it is unreachable, not starting (the chart's vllm.startupSeconds)",
+            ),
+        ),
         for_seconds=15,
         clear_seconds=30,
         sources=(),
