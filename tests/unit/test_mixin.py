@@ -147,8 +147,9 @@ def test_one_incident_pages_once_and_no_page_is_muted_by_a_ticket():
     """The Alertmanager example's inhibitions follow the sidecar's precedence: a full KV cache's alert mutes the
     backlog it explains and vLLM's own rules for the same story; vLLM down mutes the target-down rule; a warning
     never mutes a critical."""
-    from mixin.rules import VLLM_ALERTS, alertmanager_example, alert_name
     from vllm_triage.diagnosis.conditions import CONDITIONS_BY_ID
+
+    from mixin.rules import VLLM_ALERTS, alert_name, alertmanager_example
 
     severity = {alert_name(cid): c.severity for cid, c in CONDITIONS_BY_ID.items()} | {a["alert"]: a["labels"]["severity"] for a in VLLM_ALERTS}
 
