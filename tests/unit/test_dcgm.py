@@ -22,14 +22,27 @@ PAGE = (Path(__file__).resolve().parents[1] / "data" / "dcgm-exporter-h200.metri
 WITHOUT_SM_ACTIVE = "".join(line + "\n" for line in PAGE.splitlines() if "DCGM_FI_PROF_SM_ACTIVE" not in line)
 
 
-def collect(pages: list[str], pod: str | None = "vllm-0", namespace: str | None = "llm", max_page_bytes: int = 8 * 1024 * 1024) -> list:
-    """Serve each page in turn from a real HTTP server and collect it with DcgmSource."""
+def collect(
+    pages: list[str], pod: str | None = "vllm-0", namespace: str | None = "llm", max_page_bytes: int = 8 * 1024 * 1024, piece_bytes: int | None = None
+) -> list:
+    """Serve each page in turn from a real HTTP server and collect it with DcgmSource; with `piece_bytes`, the page is
+    written and flushed in pieces of that size, a moment apart (as Go's net/http flushes dcgm-exporter's page)."""
 
     async def body() -> list:
         served = iter(pages)
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=next(served), content_type="text/plain")
+        async def metrics(request: web.Request) -> web.StreamResponse:
+            text = next(served)
+            if piece_bytes is None:
+                return web.Response(text=text, content_type="text/plain")
+            response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await response.prepare(request)
+            data = text.encode()
+            for offset in range(0, len(data), piece_bytes):
+                await response.write(data[offset : offset + piece_bytes])
+                await asyncio.sleep(0.002)
+            await response.write_eof()
+            return response
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
@@ -123,3 +136,17 @@ def test_a_hostile_page_is_refused_or_cleaned_not_crashed_on():
 
     (big,) = collect([PAGE * 100], max_page_bytes=100_000)
     assert not big.ok and big.error_reason == "too_large" and "max_page_bytes" in (big.error or "")
+
+
+def test_a_page_that_arrives_in_pieces_is_read_whole():
+    """dcgm-exporter (Go's net/http) flushes its page every 4 KiB: the source reads every piece, for a node's page and
+    for one of 64 GPUs."""
+    (r,) = collect([PAGE], piece_bytes=4096)
+    assert r.ok and values(r)["gpu_sm_active_ratio"] == 0.112, r.error
+    lines = [line for line in PAGE.splitlines() if line.startswith("DCGM_FI_") and 'gpu="1"' in line]
+    many = PAGE + "".join(line.replace('gpu="1"', f'gpu="{g}"').replace("GPU-", f"GPU-{g:02d}") + "\n" for g in range(2, 64) for line in lines)
+    assert len(many.encode()) > 100_000
+    (r,) = collect([many], piece_bytes=4096)
+    assert r.ok, r.error
+    (r,) = collect([many], piece_bytes=4096, max_page_bytes=50_000)  # and the bound still holds over the pieces
+    assert not r.ok and r.error_reason == "too_large"

@@ -21,6 +21,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import GPU_SOURCE, Reading, SeriesKey, make_labels
+from . import read_bounded
 from .gpu import CLOCK_EVENT_REASONS
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ class DcgmSource:
             async with self._session.get(self.url) as response:
                 if response.status != 200:
                     return self._failed(timestamp, start, "http_status", f"dcgm-exporter at {self.url} answered {response.status}")
-                body = await response.content.read(self.max_page_bytes + 1)
-                if len(body) > self.max_page_bytes:
+                body = await read_bounded(response.content, self.max_page_bytes)
+                if body is None:
                     return self._failed(
                         timestamp, start, "too_large", f"dcgm-exporter's page at {self.url} is over {self.max_page_bytes} bytes (max_page_bytes)"
                     )

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
+from . import read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -305,16 +306,12 @@ class VllmSource:
             declared = response.content_length
             if declared is not None and declared > limit:
                 raise ScrapeError("too_large", f"{shown} is {declared} bytes, over the {limit}-byte limit (max_page_bytes)")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.content.iter_any():
-                size += len(chunk)
-                if size > limit:
-                    raise ScrapeError("too_large", f"{shown} is over the {limit}-byte limit (max_page_bytes)")
-                chunks.append(chunk)
-            if declared is not None and size < declared:
-                raise ScrapeError("truncated", f"{shown} sent {size} of the {declared} bytes it announced")
-            return b"".join(chunks)
+            body = await read_bounded(response.content, limit)
+            if body is None:
+                raise ScrapeError("too_large", f"{shown} is over the {limit}-byte limit (max_page_bytes)")
+            if declared is not None and len(body) < declared:
+                raise ScrapeError("truncated", f"{shown} sent {len(body)} of the {declared} bytes it announced")
+            return body
 
     async def _fetch_version(self) -> None:
         # Best effort: the version picks vLLM's default max_num_seqs and is shown as evidence.
