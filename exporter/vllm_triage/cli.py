@@ -78,6 +78,9 @@ def _offset(text: str) -> float:
     return value
 
 
+LATEST_TIME = 4102444800.0  # 2100-01-01T00:00:00Z
+
+
 def _time(text: str) -> float:
     """A point in time for --at/--from/--to with --prometheus: Unix seconds, ISO 8601 (2026-12-01T02:40:00Z) or now."""
     if text == "now":
@@ -94,6 +97,8 @@ def _time(text: str) -> float:
         value = moment.timestamp()
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: not a time")
+    if value > LATEST_TIME:  # far enough out, adding a 2 s step no longer changes the float: a replay would never end
+        raise argparse.ArgumentTypeError(f"{text!r}: after the year 2100, not a time Prometheus holds")
     return value
 
 
@@ -316,6 +321,9 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
     if args.prometheus:
         if args.start is None:
             print("vllm-triage: replay --prometheus needs --from", file=sys.stderr)
+            return 2
+        if args.start >= (args.end or time.time()):
+            print("vllm-triage: --from must come before --to (or before now)", file=sys.stderr)
             return 2
         readings, config = _history(args, config, args.start, args.end or time.time())
     elif args.capture:

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import ssl
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,19 @@ VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS
 OPEN_PATHS = ("/healthz", "/engine-liveness")  # probes: the kubelet brings no password
 
 
+_BCRYPT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
+
+
+def _check(password: bytes, hashed: bytes) -> bool:
+    """bcrypt's check; a password it refuses (over 72 bytes: bcrypt 5 raises) is a wrong one, not a server error."""
+    import bcrypt  # only where users are configured: most sidecars never load it
+
+    try:
+        return bool(bcrypt.checkpw(password, hashed))
+    except ValueError:
+        return False
+
+
 @dataclass
 class WebConfig:
     ssl_context: ssl.SSLContext | None
@@ -57,14 +71,14 @@ class WebConfig:
         except (ValueError, UnicodeDecodeError):
             return False
         hashed = self.users.get(user)
-        if hashed is None:
-            return False
         key = (user, hashlib.sha256(password.encode()).digest())
-        if key in self._verified:
+        if hashed is not None and key in self._verified:
             return True
-        import bcrypt  # only where users are configured: most sidecars never load it
-
-        if await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed):
+        # An unknown user costs a bcrypt check too (as exporter-toolkit does): the answer's time does not tell which
+        # user names exist. One thread for every check: a brute force takes one core at most, and never the
+        # default executor that parses vLLM's page.
+        known = await asyncio.get_running_loop().run_in_executor(_BCRYPT, _check, password.encode(), hashed or self.users[next(iter(self.users))])
+        if known and hashed is not None:
             self._verified.add(key)
             return True
         return False

@@ -72,6 +72,8 @@ def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
         assert fetch(url + "/metrics", ca)[0] == 401
         assert fetch(url + "/metrics", ca, "prometheus", "wrong")[0] == 401
         assert fetch(url + "/diagnosis", ca, "someone", "s3cret")[0] == 401
+        assert fetch(url + "/metrics", ca, "prometheus", "x" * 100)[0] == 401  # over bcrypt's 72 bytes: wrong, not a 500
+        assert fetch(url + "/metrics", ca, "someone", "x" * 100)[0] == 401
         status, body = fetch(url + "/metrics", ca, "prometheus", "s3cret")
         assert status == 200 and b"vllm_triage_build_info" in body
         with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
