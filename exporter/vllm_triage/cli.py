@@ -78,6 +78,16 @@ def _offset(text: str) -> float:
     return value
 
 
+def _slices(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of slices") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: between 1 and 1000 slices (a timeline line each)")
+    return value
+
+
 LATEST_TIME = 4102444800.0  # 2100-01-01T00:00:00Z
 
 
@@ -172,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     trace = commands.add_parser("trace", help="Summarise a torch profiler trace (vLLM's profiler output, *.pt.trace.json.gz).")
     trace.add_argument("trace", metavar="PATH", nargs="+", help="Trace files (gzip or plain Chrome trace JSON) or folders of them (one per worker).")
     trace.add_argument("--top", type=int, default=5, help="Kernels and host ops to list. Default 5.")
-    trace.add_argument("--slices", type=int, default=10, help="Slices of the traced window in the timeline. Default 10.")
+    trace.add_argument("--slices", type=_slices, default=10, help="Slices of the traced window in the timeline, 1-1000. Default 10.")
     trace.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     return parser
 

@@ -155,6 +155,7 @@ def test_report_reads_a_running_sidecar_without_curl(tmp_path, capsys):
         (["diagnose", "--prometheus", "http://127.0.0.1:9", "--at", "1e30"], "after the year 2100"),  # a 2 s step no longer moves time there
         (["fleet", "--prometheus", "http://127.0.0.1:9", "--at", "1e30"], "after the year 2100"),
         (["replay", "--prometheus", "http://127.0.0.1:9", "--from", "1796000000", "--to", "1795000000"], "--from must come before --to"),
+        (["trace", "x.json", "--slices", "1000000"], "between 1 and 1000 slices"),
         (["replay"], "needs a capture file or --prometheus"),
     ],
 )

@@ -150,3 +150,15 @@ def test_a_page_that_arrives_in_pieces_is_read_whole():
     assert r.ok, r.error
     (r,) = collect([many], piece_bytes=4096, max_page_bytes=50_000)  # and the bound still holds over the pieces
     assert not r.ok and r.error_reason == "too_large"
+
+
+def test_hostile_gpu_labels_and_bitmasks_are_skipped_not_raised():
+    """A GPU label that str.isdigit takes but int() refuses ("²"), and clock-event bitmasks of -1 and 1e300: the
+    source reads what it can and sets no reason it was not told."""
+    weird = PAGE.replace('gpu="0"', 'gpu="²"', 1)
+    (r,) = collect([weird], pod=None, namespace=None)
+    assert r.ok and all(dict(labels)["gpu"] != "²" for _, labels in r.samples)
+    for mask in ("-1", "1e300"):
+        (r,) = collect([PAGE.replace('pod="vllm-0"} 32', f'pod="vllm-0"}} {mask}')])
+        assert r.ok, r.error
+        assert not any(v for k, v in values(r).items() if k.startswith("gpu_clock_event_active/")), values(r)

@@ -55,6 +55,10 @@ def _blank(value: float) -> bool:
     return 2_147_483_632 <= value <= 2_147_483_647 or value >= 9.2e18 or value == 140_737_488_355_328.0
 
 
+MAX_GPU_INDEX_DIGITS = 4
+MAX_LABEL_CHARS = 128  # a UUID or a model name; a 2 MB label would reach every log line and /diagnosis
+
+
 def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[dict[SeriesKey, float], list[dict[str, Any]]]:
     """The GPU source's samples, and its meta's GPU list, from dcgm-exporter's series (name, labels, value)."""
     samples: dict[SeriesKey, float] = {}
@@ -62,10 +66,11 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
     memory: dict[str, float] = {}
     for name, labels, value in series:
         index = labels.get("gpu")
-        if index is None or not math.isfinite(value) or _blank(value):
+        # a GPU index is ASCII digits (str.isdigit also takes "²", which int() refuses), of a sane length
+        if index is None or not (index.isascii() and index.isdigit() and len(index) <= MAX_GPU_INDEX_DIGITS) or not math.isfinite(value) or _blank(value):
             continue
         gpu = gpus.setdefault(
-            index, {"gpu": int(index) if index.isdigit() else index, "uuid": labels.get("UUID", ""), "name": labels.get("modelName", ""), "gpm": False}
+            index, {"gpu": int(index), "uuid": labels.get("UUID", "")[:MAX_LABEL_CHARS], "name": labels.get("modelName", "")[:MAX_LABEL_CHARS], "gpm": False}
         )
         base = {"gpu": index, "uuid": gpu["uuid"]}
         if name.startswith(PROFILING):
@@ -76,6 +81,8 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
             sample, scale = FIELDS[name]
             samples[(sample, make_labels(base))] = value * scale
         elif name in CLOCK_EVENTS:
+            if not 0 <= value < 2**63 or value != int(value):  # a bitmask, nothing else: -1 or 1e300 would set every reason
+                continue
             for reason, bit in CLOCK_EVENT_REASONS.items():
                 samples[("gpu_clock_event_active", make_labels({**base, "reason": reason}))] = 1.0 if int(value) & bit else 0.0
     for index, mebibytes in memory.items():
