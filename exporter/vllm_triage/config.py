@@ -383,13 +383,21 @@ def config_schema() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+MAX_YAML_BYTES = 1024 * 1024  # a config or web config is a few kB; a 22 MB one took the loop 11 s to parse
+
+
 def read_yaml_mapping(file: str, what: str) -> Mapping[Any, Any]:
     """A YAML file whose top level is a mapping (an empty file is an empty one), or a ConfigError naming the file."""
     try:
-        with open(file, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle) or {}
+        with open(file, "rb") as handle:
+            data = handle.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES:
+            raise ConfigError(f"{what} {file} is over {MAX_YAML_BYTES // 1024} KiB: not a config a person wrote")
+        document = yaml.safe_load(data.decode("utf-8")) or {}
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {file}: {exc.strerror}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {file} nests too deeply to be a config") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {file} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:

@@ -134,12 +134,12 @@ class Daemon:
         daemon made from it (vLLM and the pod are untouched; the readings are taken over); an invalid one
         is reported and the running configuration kept."""
         assert self.watch is not None
-        content = _read(self.watch.path)
+        content = await asyncio.to_thread(_read, self.watch.path)  # a huge or slow file must not hold up /metrics
         if content == self._watched:
             return
         self._watched = content
         try:
-            config = self.watch.load()
+            config = await asyncio.to_thread(self.watch.load)
         except ConfigError as error:
             log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
             self.exposition.collector.config_reload_successful = False

@@ -156,3 +156,14 @@ def test_a_condition_with_its_own_window_keeps_it_under_a_short_global_window(tm
     assert config.conditions["kv_cache_saturated"].window_seconds == 10
     overridden = load(write(tmp_path, "conditions:\n  engine_wedged: {window_seconds: 30}\n"), env={}, flags={"window_seconds": "10"})
     assert overridden.conditions["engine_wedged"].window_seconds == 30
+
+
+def test_a_huge_or_deeply_nested_config_is_refused_in_one_line(tmp_path):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("gpus:\n" + "".join(f"  - '{i}'\n" for i in range(300_000)))  # ~3 MB
+    with pytest.raises(ConfigError, match="is over 1024 KiB"):
+        load(str(huge), env={})
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("conditions: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(ConfigError, match="nests too deeply"):
+        load(str(deep), env={})
