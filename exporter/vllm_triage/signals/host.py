@@ -58,68 +58,53 @@ def _cgroup_throttled_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase("process_cgroup_throttled_periods_total", ctx.scope), ctx.view.increase("process_cgroup_periods_total", ctx.scope))
 
 
+def _per_role(suffix: str, family: str, what: str, compute: Callable[[str], Callable[[SignalContext], float | None]]) -> tuple[SignalDef, ...]:
+    """One signal per role, `host_<role>_<suffix>`, exported as family{role}."""
+    return tuple(SignalDef(f"host_{role}_{suffix}", family, what, compute(role), (("role", role),)) for role in ROLES)
+
+
+def _thread_mean(metric: str) -> Callable[[str], Callable[[SignalContext], float | None]]:
+    return lambda role: _role_thread_mean(metric, role)
+
+
 HOST_SIGNALS: tuple[SignalDef, ...] = (
-    *(SignalDef(f"host_{role}_cpu_cores", "cpu_cores", "CPU of the role's processes, in cores.", _role_cpu_cores(role), (("role", role),)) for role in ROLES),
-    *(
-        SignalDef(
-            f"host_{role}_cpu_cores_recent",
-            "cpu_cores_recent",
-            "CPU of the role's processes over the window's last 10 s, in cores (what it does now, inside a stall).",
-            _role_cpu_cores_recent(role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role("cpu_cores", "cpu_cores", "CPU of the role's processes, in cores.", _role_cpu_cores),
+    *_per_role(
+        "cpu_cores_recent",
+        "cpu_cores_recent",
+        "CPU of the role's processes over the window's last 10 s, in cores (what it does now, inside a stall).",
+        _role_cpu_cores_recent,
     ),
-    *(
-        SignalDef(
-            f"host_{role}_stopped_seconds",
-            "stopped_seconds",
-            "How long a process of the role has been stopped (or a zombie) in every reading up to the newest, in seconds.",
-            _role_stopped_seconds(role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role(
+        "stopped_seconds",
+        "stopped_seconds",
+        "How long a process of the role has been stopped (or a zombie) in every reading up to the newest, in seconds.",
+        _role_stopped_seconds,
     ),
-    *(
-        SignalDef(
-            f"host_{role}_busiest_thread_cpu_ratio",
-            "busiest_thread_cpu_ratio",
-            "The role's busiest thread, share of one core (1.0 = saturated), window mean.",
-            _role_thread_mean("process_busiest_thread_cpu_ratio", role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role(
+        "busiest_thread_cpu_ratio",
+        "busiest_thread_cpu_ratio",
+        "The role's busiest thread, share of one core (1.0 = saturated), window mean.",
+        _thread_mean("process_busiest_thread_cpu_ratio"),
     ),
-    *(
-        SignalDef(
-            f"host_{role}_thread_runqueue_wait_ratio",
-            "thread_runqueue_wait_ratio",
-            "Seconds per second the role's neediest thread (most CPU run + waited for) waited runnable for a CPU (schedstat), window "
-            "mean: CPU contention or a CPU limit.",
-            _role_thread_mean("process_thread_runqueue_wait_ratio", role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role(
+        "thread_runqueue_wait_ratio",
+        "thread_runqueue_wait_ratio",
+        "Seconds per second the role's neediest thread (most CPU run + waited for) waited runnable for a CPU (schedstat), window "
+        "mean: CPU contention or a CPU limit.",
+        _thread_mean("process_thread_runqueue_wait_ratio"),
     ),
-    *(
-        SignalDef(
-            f"host_{role}_thread_cpu_demand_ratio",
-            "thread_cpu_demand_ratio",
-            "The role's neediest thread's CPU run plus waited for, share of one core, window mean (1.0 = it wants a whole core).",
-            _role_thread_mean("process_thread_cpu_demand_ratio", role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role(
+        "thread_cpu_demand_ratio",
+        "thread_cpu_demand_ratio",
+        "The role's neediest thread's CPU run plus waited for, share of one core, window mean (1.0 = it wants a whole core).",
+        _thread_mean("process_thread_cpu_demand_ratio"),
     ),
-    *(
-        SignalDef(
-            f"host_{role}_stopped",
-            "stopped",
-            "1 when a process of the role can run no code (stopped by a signal or a debugger, or a zombie), in the newest reading.",
-            _role_stopped(role),
-            (("role", role),),
-        )
-        for role in ROLES
+    *_per_role(
+        "stopped",
+        "stopped",
+        "1 when a process of the role can run no code (stopped by a signal or a debugger, or a zombie), in the newest reading.",
+        _role_stopped,
     ),
     SignalDef(
         "host_cgroup_throttled_ratio",
