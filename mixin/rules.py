@@ -463,6 +463,7 @@ def runbooks_markdown(header: str) -> str:
             .replace("{{ $value | humanizePercentage }}", "X %")
             .replace("{{ $value }}", "N")
             .replace("{{ $labels.instance }}", "the target")
+            .replace("{{ $labels.source }}", "named")
         )
         lines.append("")
         lines.append(_VLLM_ALERT_STEPS[rule["alert"]])
