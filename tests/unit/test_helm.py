@@ -449,6 +449,9 @@ def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():
 def test_the_chart_readme_quotes_the_profiler_defaults_it_ships():
     profiler = yaml.safe_load((CHART / "values.yaml").read_text())["profiler"]
     text = (CHART / "README.md").read_text()
-    quoted = f"`profiler.windowSeconds` ({profiler['windowSeconds']} s) at `profiler.rate` ({profiler['rate']} Hz) per\n  process every `profiler.intervalSeconds` ({profiler['intervalSeconds']} s)"
+    quoted = (
+        f"`profiler.windowSeconds` ({profiler['windowSeconds']} s) at `profiler.rate` ({profiler['rate']} Hz) per\n"
+        f"  process every `profiler.intervalSeconds` ({profiler['intervalSeconds']} s)"
+    )
     assert quoted in text
     assert "pauses vLLM" not in text  # py-spy's default mode (nonblocking) pauses nothing
