@@ -455,3 +455,14 @@ def test_the_chart_readme_quotes_the_profiler_defaults_it_ships():
     )
     assert quoted in text
     assert "pauses vLLM" not in text  # py-spy's default mode (nonblocking) pauses nothing
+
+
+def test_a_rollout_replaces_one_replica_at_a_time_and_a_drain_respects_the_budget():
+    """A sidecar image bump or a log level change must not take every vLLM replica down for a model load at once."""
+    objects = render({"replicaCount": 3, "podDisruptionBudget": {"enabled": True}})
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    budget = next(o for o in objects if o["kind"] == "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert not [o for o in render() if o["kind"] == "PodDisruptionBudget"]  # off by default
