@@ -47,9 +47,13 @@ def write_phases(workload_output: str, path: Path) -> None:
     path.write_text(json.dumps(marks))
 
 
+# Marks the real-vLLM driver keeps for what it did inside a phase (tests/gpu/real_vllm.py): not phases.
+ACTION_MARKS = frozenset({"engine_stopped", "engine_continued", "contention_started", "contention_ended", "kernel_hung", "api_server_killed"})
+
+
 def read_phases(path: Path) -> list[tuple[str, float, float]]:
-    """(name, start, end) of each phase, from the marks write_phases kept."""
-    marks = json.loads(path.read_text())
+    """(name, start, end) of each phase, from the marks write_phases kept (an action inside a phase does not end it)."""
+    marks = [(name, at) for name, at in json.loads(path.read_text()) if name not in ACTION_MARKS]
     return [(name, start, end) for (name, start), (_, end) in itertools.pairwise(marks)]
 
 
