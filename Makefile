@@ -89,7 +89,7 @@ generate: $(VENV)/.installed
 fuzz: $(VENV)/.installed
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-2000} $(BIN)/pytest -q tests/unit/test_fuzz.py
 
-# The labelled scenario suite on the real vLLM at the default settings (~45 min), and the H200 captures.
+# The labelled scenario suite on the real vLLM at the default settings (~55 min), and the H200 captures.
 scenarios: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.scenarios
 
