@@ -10,6 +10,7 @@ of two pods would be mixed into one.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ import aiohttp
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, Reading, SeriesKey, make_labels
 from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
+from . import read_bounded
 from .dcgm import dcgm_readings
 from .vllm import RENAMES, _canonical, redact_url
 
@@ -39,6 +41,7 @@ class HistoryLimits:
     step_seconds: float = 2.0
     max_series: int = 20_000
     max_points: int = 5_000_000  # series x steps over both queries
+    max_answer_bytes: int = 64 * 1024 * 1024  # read before it is parsed: a 100 MB answer took the CLI past 1 GB
     timeout_seconds: float = 60.0
 
 
@@ -94,6 +97,24 @@ async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: 
     if len(found) > limit:
         raise HistoryError(f"{len(found)} vLLM servers match, over {limit}: narrow --selector (a namespace, a model)")
     return found
+
+
+def _clean_series(series: dict[str, Any]) -> dict[str, Any] | None:
+    """A series as the readers expect it: a string __name__, string labels, [time, value] points of numbers (odd
+    points skipped: null, short, not a number); None for a series without its name, which no signal reads."""
+    metric = series["metric"]
+    if not isinstance(metric.get("__name__"), str):
+        return None
+    points = []
+    for point in series["values"]:
+        try:
+            t, value = point
+            at, number = float(t), float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(at):
+            points.append([at, number])
+    return {"metric": {str(k): str(v) for k, v in metric.items()}, "values": points}
 
 
 class PrometheusHistory:
@@ -159,15 +180,27 @@ class PrometheusHistory:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.limits.step_seconds:g}"}
         try:
             async with session.post(f"{self.url}/api/v1/query_range", data=params) as response:
-                payload = await response.json(content_type=None)
+                body = await read_bounded(response.content, self.limits.max_answer_bytes)
         except (aiohttp.ClientError, TimeoutError) as error:
             raise HistoryError(f"Prometheus at {redact_url(self.url)} did not answer: {error or type(error).__name__}") from None
+        if body is None:
+            limit = self.limits.max_answer_bytes // (1024 * 1024)
+            raise HistoryError(f"Prometheus' answer is over {limit} MiB: narrow --selector to one server, use a larger --step or a shorter range")
+        try:
+            payload = json.loads(body)
         except ValueError:
             raise HistoryError(f"Prometheus at {redact_url(self.url)} answered something that is not its JSON API") from None
         if not isinstance(payload, dict) or payload.get("status") != "success":
             said = payload.get("error") if isinstance(payload, dict) else payload
-            raise HistoryError(f"Prometheus at {redact_url(self.url)} refused the query {query[:200]}: {said}")
-        result = payload["data"]["result"]
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} refused the query {query[:200]}: {str(said)[:300]}")
+        result = payload.get("data", {}).get("result") if isinstance(payload.get("data"), dict) else None
+        if not isinstance(result, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("metric"), dict) and isinstance(s.get("values"), list) for s in result
+        ):
+            raise HistoryError(
+                f"Prometheus at {redact_url(self.url)} answered in a shape that is not a query_range matrix (data.result: series of metric and values)"
+            )
+        result = [clean for series in result if (clean := _clean_series(series)) is not None]
         if len(result) > self.limits.max_series:
             raise HistoryError(f"{len(result)} series match, over max {self.limits.max_series}: narrow --selector to one server")
         if len(result) * steps > self.limits.max_points:
@@ -198,6 +231,8 @@ class PrometheusHistory:
 
     def _vllm_readings(self, series: list[dict[str, Any]], times: list[float]) -> Iterable[Reading]:
         by_time = self._by_time(series, rename=True)
+        if not by_time:
+            raise HistoryError(f"vLLM's series in Prometheus at {redact_url(self.url)} hold no number in the range (NaN or no points)")
         first = min(by_time)
         for t in times:
             samples = by_time.get(round(t, 3))
