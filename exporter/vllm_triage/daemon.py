@@ -144,6 +144,11 @@ class Daemon:
             log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
             self.exposition.collector.config_reload_successful = False
             return
+        if config.web_config_file != self.config.web_config_file:
+            # The listener's TLS and users come from the file named at start; another file needs a restart.
+            log.error("config file %s changed web_config_file: that needs a restart; the running configuration is kept", self.watch.path)
+            self.exposition.collector.config_reload_successful = False
+            return
         self.exposition.collector.config_reload_successful = True
         if config != self.config:
             log.warning("config file %s changed: continuing with it (vLLM is not touched; the windows are kept)", self.watch.path)
@@ -322,7 +327,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
     gc.collect()
     gc.freeze()
     current = _Current(Daemon(config, watch=watch))
-    app = make_app(current, [web.middleware()] if web is not None and web.users else [])
+    app = make_app(current, [web.middleware()] if web is not None else [])  # users may come with a later refresh
     tls = web.ssl_context if web is not None else None
     runner, _ = await serve(app, *_listener(config), tls)
     host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
@@ -336,6 +341,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a clean exit (py-spy killed, capture closed)
         loop.add_signal_handler(sig, stop)
+    refreshing = asyncio.create_task(_refresh_web_config(web, stopping)) if web is not None else None
     try:
         while True:
             running = current.daemon
@@ -352,8 +358,20 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
                 await runner.cleanup()
                 runner, _ = await serve(app, *_listener(replacement.config), tls)
     finally:
+        if refreshing is not None:
+            refreshing.cancel()
         await runner.cleanup()  # before the last pipeline goes: a scrape in flight may still render on it
         current.daemon.shutdown()
+
+
+async def _refresh_web_config(web: WebConfig, stopping: asyncio.Event) -> None:
+    """The web config and its certificate are re-read as the config file is: a rotated certificate or changed users
+    apply without a restart; a change that cannot (TLS on or off) or an invalid file is said in the log."""
+    while not stopping.is_set():
+        await asyncio.sleep(CONFIG_CHECK_SECONDS)
+        said = await asyncio.to_thread(web.refresh)
+        if said is not None:
+            (log.warning if "applied" in said else log.error)(said)
 
 
 def _read(path: Path) -> bytes | None:

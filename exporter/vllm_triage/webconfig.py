@@ -59,7 +59,37 @@ def _check(password: bytes, hashed: bytes) -> bool:
 class WebConfig:
     ssl_context: ssl.SSLContext | None
     users: dict[str, bytes]  # name -> bcrypt hash
+    file: str | None = None  # the web config file, re-read by refresh()
+    files: tuple[Path, ...] = ()  # the files it names (certificate, key, client CA)
+    _fingerprint: bytes = b""
     _verified: set[tuple[str, bytes]] = field(default_factory=set)  # bcrypt costs ~50 ms: a scrape every 15 s would pay it each time
+
+    def refresh(self) -> str | None:
+        """Re-read the web config and the files it names when any changed, as exporter-toolkit does: a rotated
+        certificate serves the next handshakes, changed users the next requests. What was done or refused, for
+        the log (the listener cannot turn TLS on or off in place); None when nothing changed."""
+        if self.file is None:
+            return None
+        fingerprint = _fingerprint(self.file, self.files)
+        if fingerprint == self._fingerprint:
+            return None
+        self._fingerprint = fingerprint
+        try:
+            fresh = load_web_config(self.file)
+        except ConfigError as error:
+            return f"web config changed but is invalid; the running one is kept: {error}"
+        if (fresh.ssl_context is None) != (self.ssl_context is None):
+            return f"web config {self.file} turns TLS {'on' if fresh.ssl_context else 'off'}: that needs a restart; the listener is kept as it is"
+        if self.ssl_context is not None and fresh.ssl_context is not None:
+            cert, key, *ca = fresh.files
+            self.ssl_context.load_cert_chain(cert, key)  # the same context: the listener's next handshakes use it
+            for ca_file in ca:
+                self.ssl_context.load_verify_locations(ca_file)
+            self.ssl_context.verify_mode = fresh.ssl_context.verify_mode
+            self.ssl_context.minimum_version, self.ssl_context.maximum_version = fresh.ssl_context.minimum_version, fresh.ssl_context.maximum_version
+        self.users, self.files, self._verified = fresh.users, fresh.files, set()
+        self._fingerprint = _fingerprint(self.file, self.files)
+        return f"web config {self.file} changed: applied (certificate, users)"
 
     async def allows(self, header: str | None) -> bool:
         if not self.users:
@@ -103,7 +133,22 @@ def load_web_config(file: str) -> WebConfig:
     unknown = sorted(set(document) - {"tls_server_config", "basic_auth_users"})
     if unknown:
         raise _bad(path, unknown[0], "not supported here (tls_server_config and basic_auth_users are)")
-    return WebConfig(_tls(path, document.get("tls_server_config")), _users(path, document.get("basic_auth_users")))
+    raw = document.get("tls_server_config")
+    files = tuple(path.parent / str(raw[k]) for k in ("cert_file", "key_file", "client_ca_file") if isinstance(raw, dict) and raw.get(k))
+    web = WebConfig(_tls(path, raw), _users(path, document.get("basic_auth_users")), file, files)
+    web._fingerprint = _fingerprint(file, files)
+    return web
+
+
+def _fingerprint(file: str, files: tuple[Path, ...]) -> bytes:
+    """What the web config's files hold now (a ConfigMap or Secret update swaps them under the same names)."""
+    digest = hashlib.sha256()
+    for name in (Path(file), *files):
+        try:
+            digest.update(name.read_bytes())
+        except OSError as error:
+            digest.update(str(error).encode())
+    return digest.digest()
 
 
 def _tls(path: Path, raw: Any) -> ssl.SSLContext | None:

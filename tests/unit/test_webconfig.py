@@ -131,3 +131,41 @@ def test_without_a_web_config_the_sidecar_still_serves_plain_http(tmp_path):
     finally:
         sidecar.process.terminate()
         sidecar.process.wait(timeout=30)
+
+
+def test_a_rotated_certificate_and_new_users_apply_without_a_restart(tmp_path):
+    """A cert-manager rotation or a Secret update swaps the files under the same names: the next handshakes present
+    the new certificate and the next requests know the new users, as exporter-toolkit re-reads them. A broken file
+    is said in the log and the running settings are kept."""
+    process, url, served = start_tls_sidecar(tmp_path, TLS)
+    old_ca = tmp_path / "old-ca.crt"
+    old_ca.write_bytes(served.read_bytes())  # the served file is about to be replaced
+    try:
+        assert fetch(url + "/metrics", old_ca)[0] == 200
+        rotated = tmp_path / "rotated"
+        rotated.mkdir()
+        new_ca = certificate(rotated)
+        (tmp_path / "server.crt").write_bytes((rotated / "server.crt").read_bytes())
+        (tmp_path / "server.key").write_bytes((rotated / "server.key").read_bytes())
+        (tmp_path / "web.yml").write_text(f"{TLS}basic_auth_users:\n  prometheus: '{HASH}'\n")
+
+        def presents_the_new_certificate() -> bool:
+            try:
+                return fetch(url + "/metrics", new_ca)[0] == 401  # the new certificate, and the new user list
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 20  # the files are looked at every 5 s
+        while not presents_the_new_certificate():
+            assert time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
+            time.sleep(0.5)
+        assert fetch(url + "/metrics", new_ca, "prometheus", "s3cret")[0] == 200
+        with pytest.raises(OSError):
+            fetch(url + "/metrics", old_ca)
+        (tmp_path / "web.yml").write_text("tls_server_config: [not, a, mapping]\n")
+        time.sleep(7)
+        assert fetch(url + "/metrics", new_ca, "prometheus", "s3cret")[0] == 200  # the running settings are kept
+        assert "web config changed but is invalid" in (tmp_path / "sidecar.log").read_text()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
