@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import aiohttp
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the GIL and process sources run where aiohttp may not be installed (py-spy as another user)
+    import aiohttp
 
 
 async def read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
