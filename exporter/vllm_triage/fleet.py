@@ -44,12 +44,18 @@ class Server:
         return self.snapshot.signals.get(AGGREGATE_SCOPE, {}).get("requests_waiting_mean")
 
 
+def target_matchers(target: dict[str, str]) -> str:
+    """The matchers that pick one server, its label values quoted as PromQL strings (a quote or a backslash in a
+    value is escaped, not spliced into the query)."""
+    return ",".join(f"{k}={json.dumps(target[k])}" for k in ("namespace", "pod", "instance") if target.get(k))
+
+
 async def judge_fleet(url: str, selector: str, at: float, seconds: float, config: Config, step: float) -> list[Server]:
     """Each server's verdicts at `at`, judged on the `seconds` of its history before it."""
     matchers = parse_selector(selector)
     servers = []
     for target in await list_servers(url, matchers, at, MAX_SERVERS):
-        own = ",".join(f'{k}="{target[k]}"' for k in ("namespace", "pod", "instance") if target.get(k))
+        own = target_matchers(target)
         history = PrometheusHistory(url, "{" + own + "}", HistoryLimits(step_seconds=step))
         common = (target.get("namespace", ""), target.get("pod", ""), target.get("instance", ""), target.get("model_name", ""))
         try:

@@ -143,6 +143,12 @@ def test_a_changed_config_file_is_picked_up_without_a_restart_and_an_invalid_one
         assert "conditions.kv_cache_saturated.usage_min" in sidecar.log_path.read_text()
         swap("conditions:\n  kv_cache_saturated: {usage_min: 0.75}\n")
         sidecar.wait_for(lambda: usage_min() == 0.75 and reload_ok() == 1, 30, "the fixed file in force")
+        # a web config named by a reload cannot change the running listener: refused, saying so, not a silent success
+        (tmp_path / "web.yml").write_text("basic_auth_users:\n  prometheus: '$2b$04$abcdefghijklmnopqrstuuWdG4lJ3H9XhCTQZyL1rXQ5mHf4M7Y1K'\n")
+        swap(f"web_config_file: {tmp_path / 'web.yml'}\nconditions:\n  kv_cache_saturated: {{usage_min: 0.75}}\n")
+        sidecar.wait_for(lambda: reload_ok() == 0, 30, "the web_config_file change refused")
+        assert "changed web_config_file: that needs a restart" in sidecar.log_path.read_text()
+        assert usage_min() == 0.75  # /metrics still answers without credentials: the listener is as it was
         assert sidecar.process.poll() is None  # one process throughout: the pod's containers are untouched
     finally:
         sidecar.process.terminate()

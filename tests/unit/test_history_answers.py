@@ -79,3 +79,12 @@ def test_odd_points_and_series_are_skipped_not_raised():
     )
     said = ask(odd)
     assert "Traceback" not in said  # either readings or a sentence naming what is missing
+
+
+def test_fleet_quotes_label_values_into_promql():
+    """A pod or namespace label holding a quote or a backslash stays one PromQL string, not a spliced query."""
+    from vllm_triage.fleet import target_matchers
+
+    assert target_matchers({"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000"}) == 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000"'
+    assert target_matchers({"pod": 'a",job=~".+'}) == 'pod="a\\",job=~\\".+"'
+    assert target_matchers({"pod": "back\\slash"}) == 'pod="back\\\\slash"'
