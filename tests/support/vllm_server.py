@@ -12,12 +12,17 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from aiohttp import web
 
 DEFAULT_HOME = Path.home() / ".cache" / "vllm-triage"
 MODEL_NAME = "tiny"
 MAX_NUM_SEQS = 16
+T = TypeVar("T")
 KV_BLOCKS = 40  # x block size 128 = 5120 tokens: 48+ clients of 200+300 tokens saturate it
 
 
@@ -103,3 +108,15 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], log_path: Path, tim
             pass
         time.sleep(1)
     raise RuntimeError(f"vLLM did not become healthy within {timeout:.0f} s: {log_path.read_text()[-3000:]}")
+
+
+async def serving(app: web.Application, body: Callable[[str], Awaitable[T]]) -> T:
+    """`body(url)` while `app` serves on a free loopback port: the fake servers the unit tests talk to."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        return await body(f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()

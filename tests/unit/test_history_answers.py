@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from vllm_triage.sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 
-from tests.support.vllm_server import free_port
+from tests.support.vllm_server import serving
 
 GOOD = {"__name__": "vllm:num_requests_running", "engine": "0", "model_name": "m"}
 
@@ -24,20 +24,17 @@ async def _ask(answer: bytes, limits: HistoryLimits) -> str:
         await response.write_eof()
         return response
 
+    async def said(url: str) -> str:
+        try:
+            await PrometheusHistory(url, "", limits).readings(1796000000.0, 1796000060.0)
+        except HistoryError as error:
+            return str(error)
+        return ""
+
     app = web.Application()
     app.router.add_post("/api/v1/query_range", query_range)
     app.router.add_post("/api/v1/query", query_range)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        await PrometheusHistory(f"http://127.0.0.1:{port}", "", limits).readings(1796000000.0, 1796000060.0)
-    except HistoryError as error:
-        return str(error)
-    finally:
-        await runner.cleanup()
-    return ""
+    return await serving(app, said)
 
 
 def ask(answer: object, limits: HistoryLimits | None = None) -> str:

@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from vllm_triage.sources.vllm import VllmSource
 
+from tests.support.vllm_server import serving
+
 from .pages import Counters, page
 
 GOOD = page(2, 0, 0.3, Counters())
@@ -30,14 +32,7 @@ async def _with_server(handler: Callable[[web.Request], Awaitable[web.StreamResp
         return web.json_response({"version": "0.32.0"})
 
     app.router.add_get("/version", version)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        return await body(f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
+    return await serving(app, body)
 
 
 def scrape(handler, timeout: float = 5.0, max_bytes: int = 10 * 1024 * 1024, times: int = 1):
