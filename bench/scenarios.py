@@ -20,12 +20,14 @@ from vllm_triage.pipeline import replay
 
 from tests.gpu.truth import read_phases
 from tests.support.scenarios import SCENARIOS, run
-from tests.unit.test_real_vllm_captures import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, SERVING
+from tests.unit.test_real_vllm_captures import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 CAPTURES = {"serving": (demo_capture_path(), SERVING), "cpu_bound": (DATA / "real-vllm-h200-cpu_bound.jsonl.gz", CPU_BOUND)}
 CAPTURES["gpu_heavy"] = (DATA / "real-vllm-h200-gpu_heavy.jsonl.gz", GPU_HEAVY)
 CAPTURES["contention"] = (DATA / "real-vllm-h200-contention.jsonl.gz", CONTENTION)
+CAPTURES["contention-2"] = (DATA / "real-vllm-h200-contention-2.jsonl.gz", CONTENTION)
+CAPTURES["kv_thrash"] = (DATA / "real-vllm-h200-kv_thrash.jsonl.gz", KV_THRASH)
 CAPTURES["hung_kernel"] = (DATA / "real-vllm-h200-hung_kernel.jsonl.gz", HUNG_KERNEL)
 
 

@@ -131,13 +131,23 @@ SCENARIOS = {
             Phase("idle", 10),
             Phase("serving", 90, 128, 300, 128),
             Phase("contended", 100, 128, 300, 128),
-            Phase("recovered", 90, 128, 300, 128),
+            Phase("recovered", 150, 128, 300, 128),
             Phase("idle", 10),
         ),
         "serving and recovered: no gpu_starved (the GPU keeps up). contended (engine core and three busy loops on one CPU): "
         "gpu_starved within 90 s with cause cpu_contention, the engine core's thread waiting for its CPU in the evidence; "
         "tokens per second and SM activity well below serving's. It clears after recovered starts.",
         actions=(("contended", 0.0, "contend", 3.0),),
+    ),
+    # KV thrash on the GPU: more sequences admitted than the cache holds (128 on 48 blocks of 16: two requests of
+    # 340 tokens fit whole), so vLLM preempts all the time and its sampled gauges may read anything between scrapes.
+    "kv_thrash": Scenario(
+        "1b",
+        ("--max-num-seqs", "128", "--num-gpu-blocks-override", "48", "--block-size", "16", "--max-model-len", "512"),
+        (Phase("idle", 10), Phase("steady", 60, 3, 40, 100), Phase("thrash", 200, 128, 40, 300), Phase("recovery", 200)),
+        "steady: nothing. thrash: kv_cache_saturated and queue_backlog within 90 s at the default settings and held to the "
+        "phase's end whatever the usage gauge samples, preemption_storm too; kv_cache_saturated primary. recovery: every "
+        "verdict clears within its window plus clear_for.",
     ),
     # A kernel that does not finish for 40 s on the engine's GPU, then it does.
     "hung_kernel": Scenario(

@@ -128,13 +128,23 @@ class Timeline:
 
     sidecar: Sidecar
     points: list[tuple[float, frozenset[str]]] = field(default_factory=list)
+    # what the sidecar said when a condition became active: its cause and evidence, to explain a false active
+    onsets: list[tuple[float, str, str]] = field(default_factory=list)
 
     def poll(self) -> None:
         try:
             active = frozenset(c for c, v in self.sidecar.active().items() if v == 1.0)
         except (OSError, AssertionError):
             return
-        self.points.append((time.monotonic(), active))
+        now = time.monotonic()
+        came = active - (self.points[-1][1] if self.points else frozenset())
+        self.points.append((now, active))
+        if came:
+            with suppress(OSError, AssertionError, ValueError):
+                for verdict in self.sidecar.diagnosis()["conditions"]:
+                    if verdict["condition"] in came:
+                        said = "; ".join(e["text"] for e in verdict["evidence"])
+                        self.onsets.append((now, verdict["condition"], f"cause {verdict.get('cause')}: {said}"))
 
 
 @dataclass
@@ -253,6 +263,8 @@ class Result:
     scores: list[Score]
     discovery: dict[str, dict]  # each sidecar's /diagnosis discovery at the end: what it bound to
     notes: list[str]
+    # per server: (seconds after the first phase started, condition, cause and evidence) when each became active
+    onsets: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)
 
 
 def run(scenario: Scenario, settings: str = "default", scale: float = 1.0) -> Result:
@@ -317,7 +329,8 @@ def run(scenario: Scenario, settings: str = "default", scale: float = 1.0) -> Re
                     scores += score(scenario.name, name, phases, starts[: len(phases)], end, timeline, allowance)
                 discovery = {name: timeline.sidecar.diagnosis()["discovery"] for name, _, timeline, _ in timelines}
                 notes = [f"proxy: {proxy.counts}"] if proxy else []
-                return Result(scores, discovery, notes)
+                onsets = {name: [(t - starts[0], c, said) for t, c, said in timeline.onsets] for name, _, timeline, _ in timelines}
+                return Result(scores, discovery, notes, onsets)
             finally:
                 for _, _, timeline, _ in others:
                     timeline.sidecar.process.kill()

@@ -8,8 +8,9 @@
   (the underload trace is tests/data/vllm-0.26.0-h200-profile-underload/).
 - efficiency_wedge: the 1B Llama with --enable-mfu-metrics: prefill (32 clients of 900 words), decode (128
   clients of 400 tokens), then 8 clients with the engine core stopped by SIGSTOP for 35 s, and continued.
-- contention: wide layers (8 x 8192, dummy weights), 128 clients; the engine core pinned to one CPU shared with
-  three busy loops for 100 s, then freed.
+- contention, contention-2: wide layers (8 x 8192, dummy weights), 128 clients; the engine core pinned to one CPU
+  shared with three busy loops for 100 s, then freed (two runs; the second with a 150 s recovery).
+- kv_thrash: the 1B Llama with 128 sequences admitted on 48 blocks of 16, 128 clients of 300 tokens: KV thrash.
 - hung_kernel: the wide model, 8 clients; a 40 s kernel enqueued in the engine core.
 - orphan: the 1B model, 8 clients; then the API server SIGKILLed while its engine core lives on.
 """
@@ -25,6 +26,7 @@ from vllm_triage.capture import demo_capture_path, read_description, read_readin
 from vllm_triage.config import Config, load
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.pipeline import replay
+from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
 
 from tests.gpu.truth import check, read_phases
@@ -63,6 +65,7 @@ def short_settings(tmp_path: Path) -> Config:
 # phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
 CONTENTION = {"contended": ({"gpu_starved"}, set())}  # what `make scenarios` reports on (the tests below judge it)
 HUNG_KERNEL = {"hung": ({"engine_wedged"}, set())}
+KV_THRASH = {"thrash": ({"kv_cache_saturated", "queue_backlog", "preemption_storm"}, set())}
 SERVING = {
     "idle": (set(), ALL),
     # 2 of 32 running, SMs at ~0.04, the engine core's main thread at ~0.98 of a core: starvation leads,
@@ -214,7 +217,13 @@ def test_a_stopped_engine_core_on_the_h200_is_engine_wedged_and_clears_when_cont
     wedged = verdict(first, "engine_wedged")
     assert wedged.cause == "process_stopped" and first.primary == "engine_wedged"
     assert any("nothing runs on it" in e.text for e in wedged.evidence), [e.text for e in wedged.evidence]
-    assert {v.condition for s in stopped for v in s.verdicts if v.active} == {"engine_wedged"}
+    # Nothing else comes from the stop: what held before it (gpu_starved: the 128-client decode before the phase was
+    # CPU-bound, SM activity 0.1 under a saturated engine-core thread) is not judged true again once the host's last
+    # 10 s (RECENT_SECONDS) are all of the stop.
+    before = {v.condition for v in next(s for s in reversed(snapshots) if s.timestamp < marks["engine_stopped"]).verdicts if v.active}
+    assert {v.condition for s in stopped for v in s.verdicts if v.active} - before == {"engine_wedged"}
+    inside = [s for s in stopped if s.timestamp > marks["engine_stopped"] + RECENT_SECONDS]
+    assert not [(s.timestamp, v.condition) for s in inside for v in s.verdicts if v.condition in before and v.raw]
     after = [s for s in snapshots if s.timestamp > marks["engine_continued"]]
     cleared = next(s for s in after if not verdict(s, "engine_wedged").active)
     assert cleared.timestamp - marks["engine_continued"] <= 5
@@ -269,23 +278,56 @@ def first_active(snapshots: list, condition: str, start: float, end: float):
     return next((s for s in snapshots if start <= s.timestamp <= end and verdict(s, condition).active), None)
 
 
-def test_an_engine_core_sharing_its_cpu_with_busy_processes_starves_the_gpu_with_cause_cpu_contention():
-    """Default settings. Wide layers (dummy weights) that keep the H200 busy at full CPU (SM activity ~0.6), then the
-    engine core's threads pinned to one CPU shared with three busy loops for 100 s: it got ~0.25 of a core, waited
-    ~0.7 s per second for it, tokens/s fell ~4x and SM activity to ~0.15. Its busiest thread never read saturated
-    (0.24-0.44 of a core): the thread waiting for a CPU is what tells it."""
-    marks = marks_of("contention")
-    snapshots = replayed("contention", load(env={}))
+@pytest.mark.parametrize("name", ["contention", "contention-2"])
+def test_an_engine_core_sharing_its_cpu_with_busy_processes_starves_the_gpu_with_cause_cpu_contention(name):
+    """Default settings, two runs of the same regime. Wide layers (dummy weights) that keep the H200 busy at full CPU
+    (SM activity ~0.6), then the engine core's threads pinned to one CPU shared with three busy loops for 100 s: it got
+    ~0.25 of a core, waited ~0.7 s per second for it, tokens/s fell ~4x and SM activity to ~0.15. Its busiest thread
+    never read saturated (0.24-0.56 of a core): the thread waiting for a CPU is what tells it. The second run's
+    recovery (150 s) is longer than the verdict's window plus clear_for: it clears, and stays cleared."""
+    marks = marks_of(name)
+    snapshots = replayed(name, load(env={}))
     assert first_active(snapshots, "gpu_starved", 0, marks["contention_started"]) is None  # the GPU kept up before
     first = first_active(snapshots, "gpu_starved", marks["contention_started"], marks["contention_ended"])
     assert first is not None, "gpu_starved never came in the contended phase"
+    assert first.timestamp - marks["contention_started"] <= 90, first.timestamp - marks["contention_started"]
     starved = verdict(first, "gpu_starved")
     assert starved.cause == "cpu_contention" and first.primary == "gpu_starved", (starved.cause, first.primary)
     texts = [e.text for e in starved.evidence]
     assert any("cause cpu_contention" in t for t in texts) and any("s per second for a CPU" in t and "it may run on 1 CPU" in t for t in texts), texts
     host = first.signals["host"]
-    assert host["host_engine_core_busiest_thread_cpu_ratio"] < 0.85 <= host["host_engine_core_thread_cpu_demand_ratio"]
-    print(f"gpu_starved {first.timestamp - marks['contention_started']:.0f} s after the contention started")
+    assert host["host_engine_core_busiest_thread_cpu_ratio_recent"] < 0.85 <= host["host_engine_core_thread_cpu_demand_ratio_recent"]
+    print(f"{name}: gpu_starved {first.timestamp - marks['contention_started']:.0f} s after the contention started")
+    if name == "contention-2":
+        settings = load(env={}).conditions["gpu_starved"]
+        bound = marks["contention_ended"] + settings.window_seconds + settings.clear_seconds + 4
+        assert not [s.timestamp - marks["contention_ended"] for s in snapshots if s.timestamp > bound and verdict(s, "gpu_starved").active]
+        cleared = next(s for s in snapshots if s.timestamp > marks["contention_ended"] and not verdict(s, "gpu_starved").active)
+        print(f"{name}: cleared {cleared.timestamp - marks['contention_ended']:.0f} s after the contention ended")
+
+
+def test_kv_thrash_on_the_h200_is_kv_saturation_and_a_backlog_within_90_s_held_to_the_end():
+    """Default settings. The 1B model with 128 sequences admitted on 48 blocks of 16 (two requests of 340 tokens fit
+    whole), 128 clients: ~5 preemptions a second, ~96 requests waiting, 1.3 finished a second. The truth written before
+    the run: nothing in steady; kv_cache_saturated (primary) and queue_backlog within 90 s of the load's onset, held
+    to the phase's end; everything clears in recovery."""
+    marks = marks_of("kv_thrash")
+    snapshots = replayed("kv_thrash", load(env={}))
+    assert not [s.timestamp for s in snapshots if s.timestamp < marks["thrash"] and s.primary is not None]
+    onset = marks["thrash"]
+    for condition in ("kv_cache_saturated", "queue_backlog", "preemption_storm"):
+        first = first_active(snapshots, condition, onset, marks["recovery"])
+        assert first is not None and first.timestamp - onset <= 90, (condition, first and first.timestamp - onset)
+        held = [s for s in snapshots if first.timestamp <= s.timestamp <= marks["recovery"]]
+        assert all(verdict(s, condition).active for s in held), condition
+        print(f"{condition} {first.timestamp - onset:.0f} s after the load's onset")
+    saturated = [s for s in snapshots if onset <= s.timestamp <= marks["recovery"] and verdict(s, "kv_cache_saturated").active]
+    assert {s.primary for s in saturated} == {"kv_cache_saturated"}
+    assert {verdict(s, "queue_backlog").cause for s in saturated if verdict(s, "queue_backlog").active} == {"kv_capacity"}
+    for condition in ("kv_cache_saturated", "queue_backlog"):
+        settings = load(env={}).conditions[condition]
+        cleared = next(s for s in snapshots if s.timestamp > marks["recovery"] and not verdict(s, condition).active)
+        assert cleared.timestamp - marks["recovery"] <= settings.window_seconds + settings.clear_seconds + 4, condition
 
 
 def test_a_kernel_that_does_not_finish_is_engine_wedged_with_cause_hung_kernel_though_vllms_gauges_read_zero():

@@ -563,18 +563,21 @@ def _gpu_starved(j: Judge) -> Term:
     )
     host: list[Term] = []
     python = False
+    # The host side is judged on the threads' latest sample (10 s), not the window mean: a thread that turned saturated
+    # or began to wait for a CPU is so now, and the `for` asks that it stay so (a mean took half the window to cross).
     for role, words in (("engine_core", "engine core"), ("api_server", "API server")):
-        if j.signals.get(f"host_{role}_busiest_thread_cpu_ratio") is None:
+        if j.signals.get(f"host_{role}_busiest_thread_cpu_ratio_recent") is None:
             continue  # a role not visible here (a headless engine has no API server) decides nothing
-        host.append(j.compare(f"host_{role}_busiest_thread_cpu_ratio", ">=", "thread_cpu_min", f"{words}'s busiest thread, share of a core", upper=1.0))
+        busiest = f"{words}'s busiest thread, share of a core (last 10 s)"
+        host.append(j.compare(f"host_{role}_busiest_thread_cpu_ratio_recent", ">=", "thread_cpu_min", busiest, upper=1.0))
         # A thread that waits for a CPU is starved, not idle: what it ran plus what it waited to run.
-        if j.signals.get(f"host_{role}_thread_cpu_demand_ratio") is not None:
+        if j.signals.get(f"host_{role}_thread_cpu_demand_ratio_recent") is not None:
             host.append(
                 j.compare(
-                    f"host_{role}_thread_cpu_demand_ratio",
+                    f"host_{role}_thread_cpu_demand_ratio_recent",
                     ">=",
                     "thread_cpu_min",
-                    f"{words}'s neediest thread, CPU run + waited for, share of a core",
+                    f"{words}'s neediest thread, CPU run + waited for, share of a core (last 10 s)",
                     upper=1.0,
                 )
             )
@@ -595,7 +598,7 @@ def _starvation_cause(j: Judge, python: bool) -> None:
     """Why the host side cannot feed the GPU: a CPU limit or neighbours first (the host thread waits for a CPU),
     then what the thread does with the CPU it gets."""
     throttled = j.signals.get("host_cgroup_throttled_ratio")
-    waits = {role: w for role in ("engine_core", "api_server") if (w := j.signals.get(f"host_{role}_thread_runqueue_wait_ratio")) is not None}
+    waits = {role: w for role in ("engine_core", "api_server") if (w := j.signals.get(f"host_{role}_thread_runqueue_wait_ratio_recent")) is not None}
     role, wait = max(waits.items(), key=lambda item: item[1], default=(None, None))
     copies = j.signals.get("gpu_pcie_busiest_direction_ratio")
     if throttled is not None and throttled >= j.thresholds["throttled_ratio_for_cause"]:
@@ -609,9 +612,9 @@ def _starvation_cause(j: Judge, python: bool) -> None:
     elif role is not None and wait is not None and wait >= j.thresholds["runqueue_wait_for_cause"]:
         j.cause = "cpu_contention"
         j.note(
-            f"cause cpu_contention: the {role.replace('_', ' ')}'s neediest thread waited {wait:.2f} s per second for a CPU: other processes take "
-            "the CPUs it may run on",
-            f"host_{role}_thread_runqueue_wait_ratio",
+            f"cause cpu_contention: the {role.replace('_', ' ')}'s neediest thread waited {wait:.2f} s per second for a CPU (last 10 s): other "
+            "processes take the CPUs it may run on",
+            f"host_{role}_thread_runqueue_wait_ratio_recent",
             wait,
         )
     elif copies is not None and copies >= j.thresholds["pcie_copy_ratio_min"]:
@@ -831,6 +834,9 @@ CONDITIONS: tuple[Condition, ...] = (
             ),
         ),
         causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "deferred", "unknown"),
+        # The window share already asks for 36 s of queueing in the last minute; the `for` adds persistence on top, so
+        # a queue that never empties is reported 0.6 W + 30 s after it formed (the two together: 66 s of it).
+        for_seconds=30,
     ),
     Condition(
         id="preemption_storm",
@@ -1043,15 +1049,15 @@ HOST_CONDITIONS: tuple[Condition, ...] = (
         ),
         predicate=_gpu_starved,
         reads=(
-            "host_engine_core_busiest_thread_cpu_ratio",
+            "host_engine_core_busiest_thread_cpu_ratio_recent",
             "host_engine_core_gil_held_ratio",
             "gpu_sm_activity_ratio",
-            "host_api_server_busiest_thread_cpu_ratio",
+            "host_api_server_busiest_thread_cpu_ratio_recent",
             "host_api_server_gil_held_ratio",
-            "host_engine_core_thread_cpu_demand_ratio",
-            "host_engine_core_thread_runqueue_wait_ratio",
-            "host_api_server_thread_cpu_demand_ratio",
-            "host_api_server_thread_runqueue_wait_ratio",
+            "host_engine_core_thread_cpu_demand_ratio_recent",
+            "host_engine_core_thread_runqueue_wait_ratio_recent",
+            "host_api_server_thread_cpu_demand_ratio_recent",
+            "host_api_server_thread_runqueue_wait_ratio_recent",
             "host_cgroup_throttled_ratio",
             "requests_running_mean",
             "requests_waiting_mean",

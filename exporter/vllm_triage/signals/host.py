@@ -67,6 +67,20 @@ def _thread_mean(metric: str) -> Callable[[str], Callable[[SignalContext], float
     return lambda role: _role_thread_mean(metric, role)
 
 
+def _thread_recent(metric: str) -> Callable[[str], Callable[[SignalContext], float | None]]:
+    """Mean over the window's last 10 s of a per-thread share (the role's processes' highest each reading): the
+    thread's latest sample, what it does now."""
+
+    def per_role(role: str) -> Callable[[SignalContext], float | None]:
+        def compute(ctx: SignalContext) -> float | None:
+            points = ctx.view.recent().gauge_points(metric, role_scope(role), max) if ctx.view.frames else []
+            return mean_of(points) if points else None
+
+        return compute
+
+    return per_role
+
+
 HOST_SIGNALS: tuple[SignalDef, ...] = (
     *_per_role("cpu_cores", "cpu_cores", "CPU of the role's processes, in cores.", _role_cpu_cores),
     *_per_role(
@@ -88,6 +102,12 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
         _thread_mean("process_busiest_thread_cpu_ratio"),
     ),
     *_per_role(
+        "busiest_thread_cpu_ratio_recent",
+        "busiest_thread_cpu_ratio_recent",
+        "The role's busiest thread, share of one core, over the window's last 10 s (its latest sample).",
+        _thread_recent("process_busiest_thread_cpu_ratio"),
+    ),
+    *_per_role(
         "thread_runqueue_wait_ratio",
         "thread_runqueue_wait_ratio",
         "Seconds per second the role's neediest thread (most CPU run + waited for) waited runnable for a CPU (schedstat), window "
@@ -95,10 +115,22 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
         _thread_mean("process_thread_runqueue_wait_ratio"),
     ),
     *_per_role(
+        "thread_runqueue_wait_ratio_recent",
+        "thread_runqueue_wait_ratio_recent",
+        "Seconds per second the role's neediest thread waited runnable for a CPU, over the window's last 10 s (its latest sample).",
+        _thread_recent("process_thread_runqueue_wait_ratio"),
+    ),
+    *_per_role(
         "thread_cpu_demand_ratio",
         "thread_cpu_demand_ratio",
         "The role's neediest thread's CPU run plus waited for, share of one core, window mean (1.0 = it wants a whole core).",
         _thread_mean("process_thread_cpu_demand_ratio"),
+    ),
+    *_per_role(
+        "thread_cpu_demand_ratio_recent",
+        "thread_cpu_demand_ratio_recent",
+        "The role's neediest thread's CPU run plus waited for, share of one core, over the window's last 10 s (its latest sample).",
+        _thread_recent("process_thread_cpu_demand_ratio"),
     ),
     *_per_role(
         "stopped",
