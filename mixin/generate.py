@@ -110,6 +110,17 @@ def values_schema() -> str:
     schema = json.loads(VALUES_SCHEMA.read_text())
     config = schema["properties"]["triage"]["properties"]["config"]
     schema["properties"]["triage"]["properties"]["config"] = {"description": config["description"], **config_schema()}
+    # Alert tuning names only alerts that exist: a typo is refused at install, not rendered into nothing.
+    alerts = [rule["alert"] for group in mixin.rule_groups() for rule in group["rules"] if "alert" in rule]
+    tune = schema["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]
+    tune["disabledAlerts"]["items"] = {"type": "string", "enum": alerts}
+    duration = tune["for"].get("additionalProperties") or next(iter(tune["for"]["properties"].values()))
+    tune["for"] = {
+        "type": "object",
+        "properties": {alert: duration for alert in alerts},
+        "additionalProperties": False,
+        "description": "alert name -> for duration",
+    }
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

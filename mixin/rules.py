@@ -67,6 +67,9 @@ def condition_alerts() -> list[dict[str, Any]]:
 # VllmKvCacheFull judges what kv_cache_saturated judges, with the table's own defaults.
 _KV_SATURATED = {t.name: t.default for t in CONDITIONS_BY_ID["kv_cache_saturated"].thresholds}
 
+# The sidecar's word that vLLM has not answered yet within its startup grace (after the grace, VllmTriageVllmUnreachable).
+STARTING = "vllm_triage_vllm_starting == 1"
+
 VLLM_ALERTS: list[dict[str, Any]] = [
     {
         "alert": "VllmKvCacheFull",
@@ -125,7 +128,8 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmTargetDown",
-        "expr": f"up{{{VLLM_JOB}}} == 0",
+        # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes).
+        "expr": f"up{{{VLLM_JOB}}} == 0 unless on (namespace, pod) {STARTING}",
         "for": "2m",
         "labels": {"severity": "critical"},
         "annotations": {
@@ -147,7 +151,8 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmTriageSourceDown",
-        "expr": "vllm_triage_source_up == 0",
+        # Not while vLLM loads its model: the vllm, process and gil sources have nothing to read yet.
+        "expr": f"vllm_triage_source_up == 0 unless on (namespace, pod) {STARTING}",
         "for": "10m",
         "labels": {"severity": "warning"},
         "annotations": {
@@ -202,6 +207,7 @@ def prometheus_rule() -> dict[str, Any]:
 # --- promtool tests: for every alert, an input where it fires and a healthy one where it does not.
 LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:10290",job="vllm-triage"'
 VLLM_LABELS = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000",job="vllm",model_name="m",engine="0"'
+STARTING_LABELS = 'namespace="llm",pod="vllm-2",instance="10.0.0.3:10290",job="vllm-triage"'
 OLD_LABELS = 'namespace="llm",pod="old-0",instance="10.0.0.3:8000",job="vllm",model_name="m"'  # V0: no engine label
 
 
@@ -355,10 +361,27 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 {"series": 'up{job="vllm",instance="10.0.0.2:8000",namespace="llm",pod="vllm-1"}', "values": "1x12"},
                 {"series": 'up{job="vllm-triage",instance="10.0.0.1:10290",namespace="llm",pod="vllm-0"}', "values": "1 1 0x10"},
                 {"series": 'up{job="vllm-triage",instance="10.0.0.2:10290",namespace="llm",pod="vllm-1"}', "values": "1x12"},
+                # a rollout: the new pod's vLLM loads its model for 10 minutes, its sidecar says so; it fires only after
+                {"series": 'up{job="vllm",instance="10.0.0.3:8000",namespace="llm",pod="vllm-2"}', "values": "0x20"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x20"},
+                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x10 0x10"},
             ],
             "alert_rule_test": [
                 silent("VllmTargetDown", "2m"),
                 fires("VllmTargetDown", "6m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}),
+                fires("VllmTargetDown", "9m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}),
+                {
+                    "eval_time": "14m",
+                    "alertname": "VllmTargetDown",
+                    "exp_alerts": [
+                        *fires(
+                            "VllmTargetDown", "14m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}
+                        )["exp_alerts"],
+                        *fires(
+                            "VllmTargetDown", "14m", {"job": "vllm", "instance": "10.0.0.3:8000", "namespace": "llm", "pod": "vllm-2", "severity": "critical"}
+                        )["exp_alerts"],
+                    ],
+                },
                 silent("VllmTriageDown", "4m"),
                 fires(
                     "VllmTriageDown", "10m", {"job": "vllm-triage", "instance": "10.0.0.1:10290", "namespace": "llm", "pod": "vllm-0", "severity": "warning"}
@@ -370,6 +393,10 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
             "input_series": [
                 {"series": f'vllm_triage_source_up{{{LABELS},source="gpu"}}', "values": "1 1 0x15"},
                 {"series": f'vllm_triage_source_up{{{LABELS},source="vllm"}}', "values": "1x17"},
+                # a new pod's sidecar while its vLLM loads the model: its vllm source fails, and it says starting
+                {"series": f'vllm_triage_source_up{{{STARTING_LABELS},source="vllm"}}', "values": "0x17"},
+                {"series": f'vllm_triage_source_up{{{STARTING_LABELS},source="gil"}}', "values": "0x17"},
+                {"series": f"vllm_triage_vllm_starting{{{STARTING_LABELS}}}", "values": "1x17"},
             ],
             "alert_rule_test": [
                 silent("VllmTriageSourceDown", "5m"),

@@ -132,6 +132,13 @@ class SnapshotCollector(Collector):
         window = GaugeMetricFamily(f"{PREFIX}_window_seconds", "Default window of the windowed signals.")
         window.add_metric([], snapshot.window_seconds)
         yield window
+        starting = GaugeMetricFamily(
+            f"{PREFIX}_vllm_starting",
+            "1 while vLLM has not answered once since the sidecar started and vllm_unreachable's startup grace has not passed: "
+            "a pod start or rollout loading its model, not an outage (VllmTargetDown stays silent meanwhile).",
+        )
+        starting.add_metric([], 1.0 if snapshot.vllm_starting else 0.0)
+        yield starting
 
     def _verdicts(self, snapshot: Snapshot) -> Iterator[Metric]:
         active = GaugeMetricFamily(

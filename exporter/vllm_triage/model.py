@@ -263,6 +263,7 @@ class Snapshot:
     latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
     # Python stacks taken when a condition that asks for them became active (engine_wedged): where it is stuck
     stack_dumps: tuple[dict[str, Any], ...] = ()
+    vllm_starting: bool = False  # vLLM has not answered once yet, within the startup grace (Engine._vllm_starting)
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = json_safe(
@@ -271,6 +272,7 @@ class Snapshot:
                 "window_seconds": self.window_seconds,
                 "evaluations": self.evaluations,
                 "primary": self.primary,
+                "vllm_starting": self.vllm_starting,
                 "conditions": [v.to_json() for v in self.verdicts],
                 "sources": {s.source: s.to_json() for s in self.sources},
                 "signals": self.signals,

@@ -157,37 +157,53 @@ class Prometheus:
         self.process.wait(timeout=20)
 
 
-def start_prometheus(tmp_path: Path, jobs: dict[str, list[tuple[str, dict[str, str]]]], rule_file: Path) -> Prometheus:
-    """A real Prometheus (Debian's package) on loopback, scraping every second."""
-    config = {
+def start_prometheus(tmp_path: Path, jobs: dict[str, list[tuple[str, dict[str, str]]]], rule_file: Path, alertmanager: str | None = None) -> Prometheus:
+    """A real Prometheus (Debian's package) on loopback, scraping every second; with `alertmanager`
+    (host:port) it sends its alerts there, resending each second."""
+    config: dict = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rule_file)],
         "scrape_configs": [
             {"job_name": job, "static_configs": [{"targets": [target], "labels": labels} for target, labels in targets]} for job, targets in jobs.items()
         ],
     }
+    if alertmanager:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     path = tmp_path / "prometheus.yml"
     path.write_text(json.dumps(config))  # JSON is YAML
     port = vllm_server.free_port()
-    log = open(tmp_path / "prometheus.log", "wb")
-    process = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={path}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prometheus = Prometheus(process, f"http://127.0.0.1:{port}")
+    command = ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
+    if alertmanager:
+        command.append("--rules.alert.resend-delay=1s")
+    process = _started(command, tmp_path / "prometheus.log", f"http://127.0.0.1:{port}", "Prometheus")
+    return Prometheus(process, f"http://127.0.0.1:{port}")
+
+
+def start_alertmanager(tmp_path: Path, config: dict) -> tuple[subprocess.Popen[bytes], str]:
+    """A real Alertmanager (Debian's prometheus-alertmanager) on loopback, alone (no cluster); (process, host:port)."""
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(json.dumps(config))
+    port = vllm_server.free_port()
+    command = [
+        "prometheus-alertmanager",
+        f"--config.file={path}",
+        f"--storage.path={tmp_path / 'alertmanager'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
+    return _started(command, tmp_path / "alertmanager.log", f"http://127.0.0.1:{port}", "Alertmanager"), f"127.0.0.1:{port}"
+
+
+def _started(command: list[str], log_path: Path, url: str, what: str) -> subprocess.Popen[bytes]:
+    """Start a Prometheus-project server and wait for its /-/ready."""
+    process = subprocess.Popen(command, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if get(f"{prometheus.url}/-/ready", timeout=1)[0] == 200:
-                return prometheus
+            if get(f"{url}/-/ready", timeout=1)[0] == 200:
+                return process
         except OSError:
             pass
         time.sleep(0.3)
     process.kill()
-    raise RuntimeError(f"Prometheus not ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+    raise RuntimeError(f"{what} not ready: {log_path.read_text()[-2000:]}")

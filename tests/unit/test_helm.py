@@ -284,7 +284,7 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert alerts["VllmTriageTtftHigh"]["for"] == "10m"
     assert all(a["labels"]["team"] == "inference" for a in alerts.values())
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
-    assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0'
+    assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0 unless on (namespace, pod) vllm_triage_vllm_starting == 1'
     assert alerts["VllmTriageDown"]["expr"] == 'up{job="inference/vllm-triage"} == 0'
     overview = release_uid("vllm-triage-overview")
     assert f"{overview}.json" in shipped_dashboards(objects)  # the alert links to this release's own dashboard
@@ -368,6 +368,9 @@ def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the
         ({"triage": {"config": {"conditions": {"kv_cache_saturatd": {"usage_min": 0.7}}}}}, "kv_cache_saturatd"),
         ({"triage": {"config": {"conditions": {"kv_cache_saturated": {"usage_mni": 0.7}}}}}, "usage_mni"),
         ({"triage": {"config": {"conditions": {"kv_cache_saturated": {"usage_min": 1.7}}}}}, "usage_min"),
+        # alert tuning names alerts that exist: a typo would render and do nothing
+        ({"monitoring": {"prometheusRule": {"for": {"VllmTriageTypo": "10m"}}}}, "VllmTriageTypo"),
+        ({"monitoring": {"prometheusRule": {"disabledAlerts": ["VllmKvCacheFul"]}}}, "disabledAlerts"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):

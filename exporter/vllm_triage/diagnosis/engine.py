@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..model import GPU_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
 from ..scope import AGGREGATE_SCOPE
-from .conditions import CONDITIONS, PRECEDENCE, SUPPRESSED_BY, Condition
+from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY, Condition
 from .judge import Judge, Term
 
 if TYPE_CHECKING:  # the judge is handed what a tick derived; it derives nothing itself
@@ -220,7 +220,17 @@ class Engine:
             window_seconds=self.window_seconds,
             discovery=found.to_json(),
             latest=derived.latest_exported(),
+            vllm_starting=self._vllm_starting(derived),
         )
+
+    def _vllm_starting(self, derived: Derived) -> bool:
+        """vLLM has not answered once since the sidecar started, within vllm_unreachable's startup grace: a pod
+        start or a rollout loading its model, not an outage (alert rules on vLLM's own target stay silent)."""
+        settings = self.settings.get("vllm_unreachable")
+        thresholds = settings.thresholds if settings is not None else {t.name: t.default for t in CONDITIONS_BY_ID["vllm_unreachable"].thresholds}
+        down = derived.global_signals.get("vllm_down_seconds")
+        never = derived.health[VLLM_SOURCE].last_success_timestamp is None
+        return never and (down or 0.0) < thresholds["startup_grace_seconds"]
 
     @staticmethod
     def _stale_note(health: SourceHealth, now: float) -> str:

@@ -1,0 +1,197 @@
+"""One incident, one page: the shipped rules in a real Prometheus, the shipped Alertmanager example in a real
+Alertmanager, its receivers pointed at a webhook that counts what reaches people, over one life of a real vLLM
+(CPU build) and its sidecar: a rollout with load after it, a full KV cache, a hung engine core, vLLM killed.
+
+Time runs 10 times faster on the rules' and Alertmanager's side (every `for`, `keep_firing_for`, range and
+group timing divided by 10: 5 minutes are 30 s here), and on the sidecar's (short settings; it rides through 2 s
+of failed scrapes, not 15, and says vllm_unreachable 2 s after)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from contextlib import suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from tests.support import vllm_server
+from tests.support.components import FAST_CADENCE, FAST_CONDITIONS, REPO, get, start_alertmanager, start_load, start_prometheus, start_sidecar
+from tests.support.scenarios import engine_core
+
+pytestmark = pytest.mark.integration
+
+SPEEDUP = 10
+LABELS = {"namespace": "llm", "pod": "vllm-0"}
+# A CPU vLLM has no GPU to read: its sidecar runs without the gpu source, as docker-compose.cpu.yml's does.
+SIDECAR_CONFIG = (
+    "sources: vllm,process,gil\nstale_after_seconds: 2\n"
+    + FAST_CADENCE
+    + FAST_CONDITIONS.replace("vllm_unreachable: {for_seconds: 3,", "vllm_unreachable: {for_seconds: 2,")
+    + "  engine_wedged: {for_seconds: 3, clear_for_seconds: 5}\n"
+)
+
+
+def faster(duration: str) -> str:
+    """A Prometheus duration divided by SPEEDUP, in whole seconds (at least 1)."""
+    seconds = sum(int(n) * {"s": 1, "m": 60, "h": 3600}[unit] for n, unit in re.findall(r"(\d+)([smh])", duration))
+    return f"{max(1, round(seconds / SPEEDUP))}s"
+
+
+def faster_rules() -> dict:
+    groups = yaml.safe_load((REPO / "alerts" / "vllm-triage.rules.yml").read_text())["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            rule["expr"] = re.sub(r"\[(\w+)\]", lambda m: f"[{faster(m.group(1))}]", rule["expr"])
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    rule[key] = faster(rule[key])
+    return {"groups": groups}
+
+
+def faster_alertmanager(webhook: str) -> dict:
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.example.yml").read_text())
+    routes = [config["route"], *config["route"].get("routes", [])]
+    for route in routes:
+        for key in ("group_wait", "group_interval", "repeat_interval"):
+            if key in route:
+                route[key] = faster(route[key])
+    for receiver in config["receivers"]:
+        for webhook_config in receiver.get("webhook_configs", []):
+            webhook_config["url"] = f"{webhook}/{receiver['name']}"
+    return config
+
+
+def name(labels: dict[str, str]) -> str:
+    """An alert as a person reads it in the page: its name, and the source for the sidecar's source alerts."""
+    return labels["alertname"] + (f"{{source={labels['source']}}}" if "source" in labels else "")
+
+
+class Webhook:
+    """What Alertmanager sent to each receiver, in order: (receiver, group key, status, alert names firing)."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, str, str, tuple[str, ...]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                firing = tuple(sorted(name(a["labels"]) for a in body["alerts"] if a["status"] == "firing"))
+                outer.posts.append((self.path.strip("/"), body["groupKey"], body["status"], firing))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def pages(self, since: int = 0) -> list[tuple[str, ...]]:
+        """What paged people from post `since` on: each group's notification that starts it firing (its first, or
+        the first after it resolved); a group's later notifications while it fires are updates, not pages."""
+        firing: dict[str, bool] = {}
+        pages = []
+        for index, (receiver, group, status, names) in enumerate(self.posts):
+            if receiver != "pager":
+                continue
+            if status == "firing" and not firing.get(group) and index >= since:
+                pages.append(names)
+            firing[group] = status == "firing"
+        return pages
+
+    def tickets(self, since: int = 0) -> list[tuple[str, ...]]:
+        return [names for receiver, _, status, names in self.posts[since:] if receiver == "ticket" and status == "firing"]
+
+
+def firing_alerts(alertmanager: str) -> list[str]:
+    status, body = get(f"http://{alertmanager}/api/v2/alerts?active=true&silenced=false&inhibited=true")
+    assert status == 200, body
+    return sorted(a["labels"]["alertname"] for a in json.loads(body))
+
+
+def settle(alertmanager: str, timeout: float) -> None:
+    """Until no alert is active in Alertmanager (the incident is over on both sides), or the timeout."""
+    deadline = time.monotonic() + timeout
+    while firing_alerts(alertmanager) and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
+    webhook = Webhook()
+    alertmanager_process, alertmanager = start_alertmanager(tmp_path, faster_alertmanager(webhook.url))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(faster_rules()))
+    port = vllm_server.free_port()
+    url = f"http://127.0.0.1:{port}"
+    # A rollout: the new pod's sidecar starts while its vLLM has not started to load the model yet.
+    sidecar = start_sidecar(tmp_path, url, SIDECAR_CONFIG)
+    prometheus = start_prometheus(
+        tmp_path, {"vllm": [(f"127.0.0.1:{port}", LABELS)], "vllm-triage": [(sidecar.url.removeprefix("http://"), LABELS)]}, rules, alertmanager
+    )
+    server, load = None, None
+    try:
+        time.sleep(5)  # vLLM's target down and its sidecar's vllm source failing: with vLLM's startup, 7 minutes at this speed
+        server = vllm_server.start(tmp_path / "vllm.log", port=port)
+        load = start_load(url, clients=6, prompt_words=50, max_tokens=100)
+        time.sleep(20)  # 3 minutes of ordinary load after the rollout
+        load.stop()
+        settle(alertmanager, 30)
+        assert webhook.pages() == [], f"a rollout paged: {webhook.posts}"
+        assert webhook.tickets() == [], f"a rollout opened tickets: {webhook.posts}"
+
+        def incident(name: str, expected: str, cause, seconds: float, cured=None) -> None:
+            mark = len(webhook.posts)
+            cause()
+            time.sleep(seconds)
+            if cured:
+                cured()
+            settle(alertmanager, 90)
+            assert not firing_alerts(alertmanager), f"{name}: still firing after 90 s: {firing_alerts(alertmanager)}"
+            assert webhook.pages(mark) == [(expected,)], f"{name}: pages {webhook.pages(mark)}; everything sent: {webhook.posts[mark:]}"
+
+        loads = []
+        # A full KV cache for 8 minutes at this speed: vLLM's own KV and queue rules are true too, and muted.
+        incident(
+            "KV cache full",
+            "VllmTriageKvCacheSaturated",
+            lambda: loads.append(start_load(url, clients=64, prompt_words=200, max_tokens=300)),
+            50,
+            lambda: loads.pop().stop(),
+        )
+        # The engine core stopped for 6 minutes at this speed, 8 requests in flight.
+        core = engine_core(server)
+        incident(
+            "engine hung",
+            "VllmTriageEngineWedged",
+            lambda: (loads.append(start_load(url, clients=8, prompt_words=50, max_tokens=300)), time.sleep(10), os.kill(core, signal.SIGSTOP)),
+            35,
+            lambda: (os.kill(core, signal.SIGCONT), loads.pop().stop()),
+        )
+        # vLLM killed: the sidecar and Prometheus both see it; the sidecar's alert stands in for VllmTargetDown.
+        mark = len(webhook.posts)
+        server.kill()
+        deadline = time.monotonic() + 60
+        while not webhook.pages(mark) and time.monotonic() < deadline:
+            time.sleep(2)
+        time.sleep(20)  # VllmTargetDown's 2 minutes and more
+        assert webhook.pages(mark) == [("VllmTriageVllmUnreachable",)], f"vLLM down: {webhook.posts[mark:]}"
+    finally:
+        for process in (load, *locals().get("loads", [])):
+            if process is not None:
+                process.stop()
+        if server is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGCONT)
+            server.stop()
+        prometheus.stop()
+        alertmanager_process.terminate()
+        sidecar.process.kill()
+        webhook.server.shutdown()
