@@ -11,7 +11,10 @@ from typing import Any
 from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS, Condition
 from vllm_triage.exposition import exported_signal
 
-from .rules import RECORDING_RULES
+from .rules import RECORDING_RULES, RUNBOOK_URL
+
+# Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
+CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")
 
 DS = {"type": "prometheus", "uid": "$datasource"}
 # `cluster` matches series without the label too (".*" matches the empty value): one Prometheus or many.
@@ -89,8 +92,12 @@ def _targets(exprs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"datasource": DS, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)} for i, (expr, legend) in enumerate(exprs)]
 
 
-def timeseries(title: str, exprs: list[tuple[str, str]], unit: str = "short", description: str = "", max_value: float | None = None) -> dict[str, Any]:
+def timeseries(
+    title: str, exprs: list[tuple[str, str]], unit: str = "short", description: str = "", max_value: float | None = None, no_value: str = ""
+) -> dict[str, Any]:
     defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}}
+    if no_value:
+        defaults["noValue"] = no_value  # what an empty panel means, instead of Grafana's "No data"
     if max_value is not None:
         defaults["max"] = max_value
         defaults["min"] = 0
@@ -102,6 +109,27 @@ def timeseries(title: str, exprs: list[tuple[str, str]], unit: str = "short", de
         "targets": _targets(exprs),
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+    }
+
+
+def stat(title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value") -> dict[str, Any]:
+    """The newest value, big; `no_value` is what a person reads when the query has no series."""
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": _targets([(expr, legend)]),
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "noValue": no_value,
+                "color": {"mode": "fixed", "fixedColor": "text"},
+                "links": [{"title": "What it means and what to do", "url": CONDITIONS_URL + "#${__field.labels.condition}", "targetBlank": True}],
+            },
+            "overrides": [],
+        },
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "textMode": text_mode, "colorMode": "value"},
     }
 
 
@@ -177,8 +205,43 @@ def _dashboard(uid: str, title: str, layout: _Layout, description: str) -> dict[
     }
 
 
+NO_MFU = "start vLLM with --enable-mfu-metrics for its FLOPs and bytes estimates (GPM's tensor and DRAM activity need a Hopper-class GPU)"
+
+
 def overview() -> dict[str, Any]:
     lay = _Layout()
+    lay.row("Now: what the sidecar says")
+    primary = f"max by (condition) (vllm_triage_condition_primary{{{SIDECAR}}} == 1)"
+    lay.add(
+        stat(
+            "Primary verdict",
+            primary,
+            "{{condition}}",
+            "The verdict the diagnosis leads with (the first active condition in the sidecar's precedence): its fix comes first. "
+            "Click it for what it means and what to do; /diagnosis on the sidecar has the evidence.",
+            "nothing is wrong",
+            text_mode="name",
+        )
+    )
+    lay.add(
+        stat(
+            "Since",
+            f"time() - max by (condition) (vllm_triage_condition_since_timestamp_seconds{{{SIDECAR}}} and on (namespace, pod, condition) ({primary.removeprefix('max by (condition) ')}))",
+            "{{condition}}",
+            "How long the primary verdict has been active.",
+            "-",
+            unit="s",
+        )
+    )
+    lay.add(
+        stat(
+            "Active verdicts",
+            f"count(max by (condition) (vllm_triage_condition_active{{{SIDECAR}}} == 1))",
+            "active",
+            "How many conditions are active now (the primary and the ones it explains): the verdict timeline below says which.",
+            "0",
+        )
+    )
     lay.row("Efficiency: how far from the GPU's ceiling (vLLM's --enable-mfu-metrics over the GPU's peaks, beside what GPM measured)")
     lay.add(
         timeseries(
@@ -193,6 +256,7 @@ def overview() -> dict[str, Any]:
             max_value=1,
             description="Model FLOP/s and bytes/s (vLLM's estimates; start vLLM with --enable-mfu-metrics) over the GPU's dense bf16 "
             "and memory peaks, beside the tensor-core and DRAM activity GPM measured.",
+            no_value=NO_MFU,
         )
     )
     lay.add(
@@ -205,6 +269,7 @@ def overview() -> dict[str, Any]:
             unit="percentunit",
             max_value=1,
             description="Model FLOP/s over what the roofline allows at the work's FLOPs per byte. Decode sits under the memory roof, prefill under the compute roof.",
+            no_value=NO_MFU,
         )
     )
     lay.add(
@@ -494,9 +559,27 @@ def fleet() -> dict[str, Any]:
         "model_name:vllm_time_to_first_token_seconds:p95_5m": ("TTFT p95 by model", "{{namespace}} {{model_name}}"),
         "namespace:vllm_triage_gpu_sm_active_ratio:avg": ("Mean GPU SM activity by namespace", "{{namespace}}"),
     }
+    descriptions = {
+        "namespace_condition:vllm_triage_condition_active:sum": "How many servers have each condition active: a condition on many servers at once "
+        "is shared cause (a node, a rollout, a traffic surge), on one server a local fault.",
+        "model_name:vllm_num_requests_running:sum": "Requests in the engines' batches, summed over each model's replicas.",
+        "model_name:vllm_num_requests_waiting:sum": "Requests queued for admission, summed over each model's replicas: sustained above 0 means demand "
+        "exceeds what the replicas admit.",
+        "model_name:vllm_kv_cache_usage_perc:max": "The fullest replica's KV cache: near 1 with requests waiting is the KV-capacity limit "
+        "(kv_cache_saturated on that server).",
+        "model_name:vllm_generation_tokens:rate5m": "Output tokens per second over 5 minutes, summed over each model's replicas: the work done.",
+        "model_name:vllm_prompt_tokens:rate5m": "Prompt tokens per second over 5 minutes (prefill work), summed over each model's replicas.",
+        "pod:vllm_num_requests_waiting:avg5m": "Each replica's mean queue over 5 minutes: one far above its siblings is a routing imbalance "
+        "(VllmReplicaImbalance), all of them high is capacity.",
+        "model_name:vllm_time_to_first_token_seconds:p95_5m": "The 95th percentile of time to first token over 5 minutes, across each model's "
+        "replicas: queueing and prefill together.",
+        "namespace:vllm_triage_gpu_sm_active_ratio:avg": "Mean SM activity of the watched GPUs (GPM): low while requests wait is a starved or "
+        "hung engine, not a busy GPU.",
+    }
     for rule in RECORDING_RULES:
         title, legend = titles[rule["record"]]
-        lay.add(timeseries(title, [(f'{rule["record"]}{{cluster=~"$cluster",namespace=~"$namespace"}}', legend)], unit=unit_of(rule["record"])))
+        expr = f'{rule["record"]}{{cluster=~"$cluster",namespace=~"$namespace"}}'
+        lay.add(timeseries(title, [(expr, legend)], unit=unit_of(rule["record"]), description=descriptions[rule["record"]]))
     return _dashboard("vllm-triage-fleet", "vLLM triage — fleet", lay, "Every vLLM in the fleet, from the recording rules in alerts/.")
 
 

@@ -89,6 +89,8 @@ def test_default_is_vllm_with_a_plain_sidecar_and_no_added_capability(tmp_path):
     vllm, sidecar = pod["containers"]
     assert vllm["name"] == "vllm" and vllm["args"][0] == "Qwen/Qwen2.5-1.5B-Instruct"
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # CPU and memory requested (a starved engine core starves the GPU; BestEffort is evicted first); no CPU limit (throttling)
+    assert vllm["resources"]["requests"].keys() >= {"cpu", "memory"} and "cpu" not in vllm["resources"]["limits"]
     assert {"startupProbe", "readinessProbe", "livenessProbe"} <= vllm.keys()
     assert sidecar["name"] == "vllm-triage" and "restartPolicy" not in sidecar
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -107,6 +109,17 @@ def test_default_is_vllm_with_a_plain_sidecar_and_no_added_capability(tmp_path):
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
     }
+
+
+def test_the_sidecars_security_context_is_overridable_for_openshifts_restricted_scc():
+    """OpenShift's restricted SCC assigns the user: the fixed 10001 must go (null removes a default); what is set is kept,
+    and the profiler still adds SYS_PTRACE to what the user wrote."""
+    values = {"triage": {"securityContext": {"runAsUser": None, "runAsGroup": None, "capabilities": {"drop": ["ALL", "NET_RAW"]}}}}
+    security = containers(one(render(values), "Deployment"))["vllm-triage"]["securityContext"]
+    assert "runAsUser" not in security and "runAsGroup" not in security and security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL", "NET_RAW"]} and security["allowPrivilegeEscalation"] is False
+    profiled = containers(one(render({**values, "profiler": {"enabled": True}}), "Deployment"))["vllm-triage"]["securityContext"]
+    assert profiled["capabilities"] == {"drop": ["ALL", "NET_RAW"], "add": ["SYS_PTRACE"]} and profiled["allowPrivilegeEscalation"] is True
 
 
 def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vllm(tmp_path):
@@ -379,9 +392,10 @@ def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):
 
 
 def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
-    """The chart README's snippet, pasted into a parent chart that lists this one as a dependency."""
+    """The chart README's snippet, pasted into a parent chart that lists this one as a dependency: with a config and the
+    GPUs file, every mount has its volume, the config reaches the sidecar, and vLLM's container lists its GPUs."""
     readme = (CHART / "README.md").read_text()
-    chart_yaml, deployment_part = re.findall(r"```yaml\n(.*?)```", readme, re.S)[-2:]
+    chart_yaml, deployment_part, config_part = re.findall(r"```yaml\n(.*?)```", readme, re.S)[-3:]
     parent = tmp_path / "my-vllm"
     (parent / "templates").mkdir(parents=True)
     shutil.copytree(CHART, parent / "charts" / "vllm-triage")
@@ -392,13 +406,26 @@ def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     pod += "    metadata: {labels: {app: mine}}\n    spec:\n"
     body = deployment_part.split("\n", 1)[1].replace("          # ... your vLLM container, serving on port 8000\n", "          image: vllm/vllm-openai\n")
     (parent / "templates" / "deployment.yaml").write_text(pod + body)
-    objects = render({}, chart=parent)
-    assert [o["kind"] for o in objects] == ["Deployment"]  # templatesOnly: none of the chart's own objects
-    kubernetes_validate.validate(objects[0], KUBERNETES, strict=True)
-    by_name = containers(objects[0])
+    (parent / "templates" / "vllm-triage-config.yaml").write_text(config_part.split("\n", 1)[1])
+    objects = render({}, chart=parent, name="mine")
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment"]  # templatesOnly: none of the chart's own objects
+    deployment = one(objects, "Deployment")
+    kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
+    by_name = containers(deployment)
     assert by_name["vllm-triage"]["image"] == "ghcr.io/vllm-triage/vllm-triage:0.1.0"
     assert "--vllm-url=http://127.0.0.1:8000" in by_name["vllm-triage"]["args"]
-    assert [v["name"] for v in objects[0]["spec"]["template"]["spec"]["volumes"]] == ["vllm-triage-tmp"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"] for c in by_name.values() for m in c.get("volumeMounts", [])}
+    assert mounts <= volumes.keys(), mounts - volumes.keys()  # every mount has its volume
+    assert volumes["vllm-triage-config"]["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"] == "mine-vllm-triage"
+    config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
+    assert config.conditions["kv_cache_saturated"].for_seconds == 60 and config.gpus_file == "/run/vllm-triage/gpus"
+    assert by_name["vllm"]["command"][:2] == ["/bin/sh", "-c"] and by_name["vllm"]["command"][-2:] == ["vllm", "serve"]
+    # a config without its ConfigMap fails the install with the advice, not an invalid pod
+    (parent / "templates" / "vllm-triage-config.yaml").unlink()
+    (parent / "templates" / "deployment.yaml").write_text(pod + body.replace(' "configMap" (printf "%s-vllm-triage" .Release.Name)', ""))
+    with pytest.raises(helm_python.HelmError, match=r"pass .configMap. \(a name\)"):
+        render({}, chart=parent, name="mine")
 
 
 def test_vllms_container_tells_the_sidecar_its_gpus_through_a_shared_file(tmp_path):

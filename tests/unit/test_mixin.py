@@ -165,3 +165,22 @@ def test_one_incident_pages_once_and_no_page_is_muted_by_a_ticket():
         order = {"warning": 1, "critical": 2}
         assert all(order[severity[t]] <= order[severity[source]] for t in muted_by(source)), source
     assert "VllmTriageKvCacheSaturated" not in muted_by("VllmTriageRequestErrors")  # a ticket never mutes a page
+
+
+def test_the_overview_leads_with_the_verdict_now_and_no_panel_is_blank_without_saying_why():
+    """The on-call engineer's first look: the primary verdict, since when, a link to what it means; the efficiency
+    panels say what they need when vLLM runs without --enable-mfu-metrics; every fleet panel says what it shows."""
+    from mixin.dashboards import CONDITIONS_URL, fleet, overview
+
+    panels = overview()["panels"]
+    assert panels[0]["type"] == "row" and panels[0]["title"].startswith("Now")
+    now = {p["title"]: p for p in panels[1:4]}
+    assert set(now) == {"Primary verdict", "Since", "Active verdicts"} and all(p["type"] == "stat" for p in now.values())
+    primary = now["Primary verdict"]
+    assert "vllm_triage_condition_primary" in primary["targets"][0]["expr"] and primary["options"]["textMode"] == "name"
+    assert primary["fieldConfig"]["defaults"]["noValue"] == "nothing is wrong"
+    assert primary["fieldConfig"]["defaults"]["links"][0]["url"] == CONDITIONS_URL + "#${__field.labels.condition}"
+    assert (ROOT / "docs" / "conditions.md").read_text().count("\n## kv_cache_saturated\n") == 1  # the anchor the link lands on
+    efficiency = [p for p in panels if p["type"] == "timeseries" and "--enable-mfu-metrics" in p.get("description", "")]
+    assert efficiency and all("--enable-mfu-metrics" in p["fieldConfig"]["defaults"]["noValue"] for p in efficiency)
+    assert all(p["description"] for p in fleet()["panels"] if p["type"] != "row")

@@ -90,22 +90,18 @@ shareProcessNamespace: true.
   {{- end }}
   resources:
     {{- toYaml $triage.resources | nindent 4 }}
+  {{- $security := deepCopy ($triage.securityContext | default dict) }}
+  {{- if $profiler.enabled }}
+  {{- /* py-spy gets CAP_SYS_PTRACE from its file capability, which no_new_privs would ignore. */}}
+  {{- $capabilities := deepCopy ($security.capabilities | default dict) }}
+  {{- $_ := set $capabilities "add" (append ($capabilities.add | default list) "SYS_PTRACE" | uniq) }}
+  {{- $_ := set $security "capabilities" $capabilities }}
+  {{- $_ := set $security "allowPrivilegeEscalation" true }}
+  {{- else if not (hasKey $security "allowPrivilegeEscalation") }}
+  {{- $_ := set $security "allowPrivilegeEscalation" false }}
+  {{- end }}
   securityContext:
-    runAsNonRoot: true
-    runAsUser: 10001
-    runAsGroup: 10001
-    readOnlyRootFilesystem: true
-    seccompProfile:
-      type: RuntimeDefault
-    capabilities:
-      drop: [ALL]
-      {{- if $profiler.enabled }}
-      add: [SYS_PTRACE]
-    # py-spy gets CAP_SYS_PTRACE from its file capability, which no_new_privs would ignore.
-    allowPrivilegeEscalation: true
-      {{- else }}
-    allowPrivilegeEscalation: false
-      {{- end }}
+    {{- toYaml $security | nindent 4 }}
   volumeMounts:
     - name: vllm-triage-tmp
       mountPath: /tmp
@@ -126,8 +122,13 @@ shareProcessNamespace: true.
     {{- end }}
 {{- end }}
 
-{{/* The sidecar's volumes: a writable /tmp (py-spy's output) and, with triage.config, its config file. */}}
+{{/* The sidecar's volumes: a writable /tmp (py-spy's output), with gpusFile the shared directory vLLM's container
+lists its GPUs in, and, with triage.config, its config file from the ConfigMap named `configMap` (render it with
+"vllm-triage.configMap"). */}}
 {{- define "vllm-triage.sidecarVolumes" -}}
+{{- if and .values.triage.config (not .configMap) }}
+{{- fail "vllm-triage: triage.config is set, so the sidecar mounts its config file: pass \"configMap\" (a name) to vllm-triage.sidecarVolumes and render that ConfigMap with vllm-triage.configMap (chart README: Adding the sidecar to your own vLLM chart)" }}
+{{- end }}
 - name: vllm-triage-tmp
   emptyDir:
     sizeLimit: 64Mi
@@ -147,4 +148,34 @@ shareProcessNamespace: true.
   secret:
     secretName: {{ . }}
 {{- end }}
+{{- end }}
+
+{{/* The sidecar's config file (triage.config) as a ConfigMap named `name`: this chart's own, or a parent chart's. */}}
+{{- define "vllm-triage.configMap" -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .name }}
+  {{- with .labels }}
+  labels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+data:
+  config.yaml: |
+    {{- toYaml .values.triage.config | nindent 4 }}
+{{- end }}
+
+{{/* For vLLM's container, `command` first: list this container's GPUs (their UUIDs) in `gpusFile` for the sidecar,
+then run `command` (vLLM's, as the image would). Without it the sidecar cannot tell this pod's GPUs from its
+neighbours' on a shared node. Mount "vllm-triage.gpusFileMount" in vLLM's container too. */}}
+{{- define "vllm-triage.gpusFileCommand" -}}
+- /bin/sh
+- -c
+- nvidia-smi --query-gpu=uuid --format=csv,noheader > {{ .gpusFile }} 2>/dev/null || true; exec "$0" "$@"
+{{- toYaml .command | nindent 0 }}
+{{- end }}
+
+{{- define "vllm-triage.gpusFileMount" -}}
+- name: vllm-triage-run
+  mountPath: {{ dir .gpusFile }}
 {{- end }}
