@@ -391,6 +391,13 @@ def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):
         render(values)
 
 
+def test_one_scrape_object_at_a_time():
+    """A PodMonitor and a ServiceMonitor together scrape everything twice and double every alert: refused, saying which to turn off."""
+    with pytest.raises(helm_python.HelmError, match="both enabled"):
+        render({"monitoring": {"serviceMonitor": {"enabled": True}}})
+    assert one(render({"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": False}}}), "ServiceMonitor")
+
+
 def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     """The chart README's snippet, pasted into a parent chart that lists this one as a dependency: with a config and the
     GPUs file, every mount has its volume, the config reaches the sidecar, and vLLM's container lists its GPUs."""
