@@ -135,6 +135,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     **{f"dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
     # The Helm chart may only read files inside itself: its PrometheusRule and dashboard ConfigMaps.
     "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.rules_file()),
+    "helm/vllm-triage/files/inhibit-rules.yml": lambda: _yaml(mixin.alertmanager_config_inhibit_rules()),
     **{f"helm/vllm-triage/files/dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
     "helm/vllm-triage/values.schema.json": values_schema,
 }

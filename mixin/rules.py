@@ -7,6 +7,7 @@ a few straight on vLLM's own metrics (old and new names), which page even withou
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
@@ -527,3 +528,21 @@ def _runbook(name: str, c: Condition) -> list[str]:
         lines += ["", "**What not to do**:"]
         lines += [f"- {item}" for item in c.dont]
     return lines
+
+
+def _operator_matchers(matchers: list[str]) -> list[dict[str, str]]:
+    """Alertmanager's matcher strings ('alertname=~"A|B"') in prometheus-operator's AlertmanagerConfig form."""
+    out = []
+    for matcher in matchers:
+        name, op, value = re.match(r'^(\w+)(=~|!~|!=|=)"(.*)"$', matcher).groups()  # type: ignore[union-attr]
+        out.append({"name": name, "value": value, "matchType": op})
+    return out
+
+
+def alertmanager_config_inhibit_rules() -> list[dict[str, Any]]:
+    """The example's inhibit rules for the chart's optional AlertmanagerConfig (the operator adds the namespace
+    matcher itself)."""
+    return [
+        {"sourceMatch": _operator_matchers(r["source_matchers"]), "targetMatch": _operator_matchers(r["target_matchers"]), "equal": r["equal"]}
+        for r in alertmanager_example()["inhibit_rules"]
+    ]

@@ -391,6 +391,23 @@ def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):
         render(values)
 
 
+def test_the_optional_alertmanager_config_carries_the_examples_inhibit_rules():
+    """One page per incident in a cluster run by prometheus-operator: the same inhibit rules as the Alertmanager example."""
+    assert not [o for o in render() if o["kind"] == "AlertmanagerConfig"]  # off by default
+    config = one(render({"monitoring": {"alertmanagerConfig": {"enabled": True, "labels": {"alertmanager": "main"}}}}), "AlertmanagerConfig")
+    assert config["apiVersion"] == "monitoring.coreos.com/v1alpha1" and config["metadata"]["labels"]["alertmanager"] == "main"
+    example = yaml.safe_load((ROOT / "alerts" / "alertmanager.example.yml").read_text())["inhibit_rules"]
+
+    def as_strings(matchers: list[dict]) -> list[str]:
+        return [f'{m["name"]}{m["matchType"]}"{m["value"]}"' for m in matchers]
+
+    rendered = [
+        {"source_matchers": as_strings(r["sourceMatch"]), "target_matchers": as_strings(r["targetMatch"]), "equal": r["equal"]}
+        for r in config["spec"]["inhibitRules"]
+    ]
+    assert rendered == example
+
+
 def test_one_scrape_object_at_a_time():
     """A PodMonitor and a ServiceMonitor together scrape everything twice and double every alert: refused, saying which to turn off."""
     with pytest.raises(helm_python.HelmError, match="both enabled"):
