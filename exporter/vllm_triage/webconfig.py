@@ -20,6 +20,7 @@ import asyncio
 import base64
 import hashlib
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ OPEN_PATHS = ("/healthz", "/engine-liveness")  # probes: the kubelet brings no p
 
 
 _BCRYPT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
+# Guessing is throttled before bcrypt runs: at most this many checks wait for the bcrypt thread (~50 ms each: a
+# burst of guesses would otherwise queue for minutes), and a client that failed FAILURES_MAX times within
+# LOCKOUT_SECONDS is answered 429 for LOCKOUT_SECONDS without a check. Verified credentials (Prometheus every
+# scrape) skip both: they are cached.
+PENDING_CHECKS_MAX = 8
+FAILURES_MAX = 10
+LOCKOUT_SECONDS = 60.0
+CLIENTS_TRACKED_MAX = 4096  # failing clients remembered; the oldest are forgotten first
 
 
 def _check(password: bytes, hashed: bytes) -> bool:
@@ -63,6 +72,8 @@ class WebConfig:
     files: tuple[Path, ...] = ()  # the files it names (certificate, key, client CA)
     _fingerprint: bytes = b""
     _verified: set[tuple[str, bytes]] = field(default_factory=set)  # bcrypt costs ~50 ms: a scrape every 15 s would pay it each time
+    _pending: int = 0  # checks waiting for or running on the bcrypt thread
+    _failures: dict[str, list[float]] = field(default_factory=dict)  # client address -> times of its recent failures (monotonic)
 
     def refresh(self) -> str | None:
         """Re-read the web config and the files it names when any changed, as exporter-toolkit does: a rotated
@@ -91,33 +102,54 @@ class WebConfig:
         self._fingerprint = _fingerprint(self.file, self.files)
         return f"web config {self.file} changed: applied (certificate, users)"
 
-    async def allows(self, header: str | None) -> bool:
+    async def check(self, header: str | None, client: str = "") -> int:
+        """200 when the request may pass, 401 for no or wrong credentials, 429 while `client` is locked out after
+        repeated failures or too many checks already wait."""
         if not self.users:
-            return True
+            return 200
         if not header or not header.startswith("Basic "):
-            return False
+            return 401
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
+            return 401
         hashed = self.users.get(user)
         key = (user, hashlib.sha256(password.encode()).digest())
         if hashed is not None and key in self._verified:
-            return True
+            return 200
+        now = time.monotonic()
+        recent = [t for t in self._failures.get(client, []) if now - t < LOCKOUT_SECONDS]
+        if len(recent) >= FAILURES_MAX or self._pending >= PENDING_CHECKS_MAX:
+            return 429
         # An unknown user costs a bcrypt check too (as exporter-toolkit does): the answer's time does not tell which
         # user names exist. One thread for every check: a brute force takes one core at most, and never the
         # default executor that parses vLLM's page.
-        known = await asyncio.get_running_loop().run_in_executor(_BCRYPT, _check, password.encode(), hashed or self.users[next(iter(self.users))])
+        self._pending += 1
+        try:
+            reference = hashed or self.users[next(iter(self.users))]
+            known = await asyncio.get_running_loop().run_in_executor(_BCRYPT, _check, password.encode(), reference)
+        finally:
+            self._pending -= 1
         if known and hashed is not None:
             self._verified.add(key)
-            return True
-        return False
+            self._failures.pop(client, None)
+            return 200
+        self._failures.pop(client, None)  # re-inserted last: the dict's order is the forgetting order
+        self._failures[client] = [*recent, now]
+        while len(self._failures) > CLIENTS_TRACKED_MAX:
+            del self._failures[next(iter(self._failures))]
+        return 401
 
     def middleware(self) -> Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]:
         @web.middleware
         async def basic_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-            if request.path in OPEN_PATHS or await self.allows(request.headers.get("Authorization")):
+            if request.path in OPEN_PATHS:
                 return await handler(request)
+            status = await self.check(request.headers.get("Authorization"), request.remote or "")
+            if status == 200:
+                return await handler(request)
+            if status == 429:
+                return web.Response(status=429, text="Too many failed authentications: retry later\n", headers={"Retry-After": f"{LOCKOUT_SECONDS:.0f}"})
             return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="vllm-triage"'})
 
         return basic_auth

@@ -3,6 +3,7 @@ process, a certificate made with openssl and a bcrypt hash."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from vllm_triage.webconfig import FAILURES_MAX, LOCKOUT_SECONDS, PENDING_CHECKS_MAX, WebConfig
 
 from tests.support.components import BIN, start_sidecar
 from tests.support.vllm_server import free_port
@@ -166,6 +168,44 @@ def test_a_rotated_certificate_and_new_users_apply_without_a_restart(tmp_path):
         time.sleep(7)
         assert fetch(url + "/metrics", new_ca, "prometheus", "s3cret")[0] == 200  # the running settings are kept
         assert "web config changed but is invalid" in (tmp_path / "sidecar.log").read_text()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+def test_guessing_is_throttled_per_client_while_verified_credentials_pass(tmp_path):
+    """A brute force: after FAILURES_MAX wrong guesses a client is answered 429 (Retry-After) with no bcrypt check, for
+    LOCKOUT_SECONDS; a burst from many clients never queues more than PENDING_CHECKS_MAX checks (the rest: 429 at once);
+    Prometheus' verified credentials keep passing throughout."""
+    config = WebConfig(ssl_context=None, users={"prometheus": HASH.encode()})
+
+    def header(user: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    async def scenario() -> None:
+        assert await config.check(header("prometheus", "s3cret"), "10.0.0.9") == 200
+        guesses = [await config.check(header("prometheus", f"guess{i}"), "10.0.0.66") for i in range(FAILURES_MAX + 3)]
+        assert guesses == [401] * FAILURES_MAX + [429] * 3
+        assert await config.check(header("prometheus", "s3cret"), "10.0.0.9") == 200  # verified credentials pass (no check)
+        assert await config.check(header("prometheus", "s3cret"), "10.0.0.66") == 200  # from anywhere: cached, never guessed
+        burst = await asyncio.gather(*(config.check(header("someone", "x"), f"10.1.0.{i}") for i in range(40)))
+        assert burst.count(401) == PENDING_CHECKS_MAX and burst.count(429) == 40 - PENDING_CHECKS_MAX
+
+    asyncio.run(scenario())
+
+
+def test_a_locked_out_client_hears_429_with_retry_after_over_tls(tmp_path):
+    process, url, ca = start_tls_sidecar(tmp_path, f"{TLS}basic_auth_users:\n  prometheus: '{HASH}'\n")
+    try:
+        assert fetch(url + "/metrics", ca, "prometheus", "s3cret")[0] == 200
+        statuses = [fetch(url + "/metrics", ca, "prometheus", f"guess{i}")[0] for i in range(FAILURES_MAX + 1)]
+        assert statuses == [401] * FAILURES_MAX + [429]
+        request = urllib.request.Request(url + "/metrics", headers={"Authorization": "Basic " + base64.b64encode(b"prometheus:guess").decode()})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context(cafile=str(ca)))
+        assert refused.value.code == 429 and refused.value.headers["Retry-After"] == f"{LOCKOUT_SECONDS:.0f}"
+        assert fetch(url + "/metrics", ca, "prometheus", "s3cret")[0] == 200  # Prometheus, verified before, scrapes on
+        assert fetch(url + "/healthz", ca)[0] == 200
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
