@@ -38,9 +38,12 @@ def test_two_servers_on_one_host_each_with_its_own_sidecar():
     assert detected(result, "a")[("saturation", "kv_cache_saturated")] is not None
     assert detected(result, "b")[("underload", "client_underload")] is not None
     # Known and open (#27's note): once in three runs, two saturated vLLMs on 2 cores raised engine_wedged on one of
-    # them for 18 s. Until its cause is found it is printed here, not failed on; every other false active fails.
+    # them for 18 s; not seen in the three runs since, nor after a preempting scheduler stopped counting as stalled.
+    # Until its cause is confirmed it is printed here with the evidence it came with, not failed on; every other
+    # false active fails.
     wedged = [s for s in false_actives(result) if s.condition == "engine_wedged"]
-    print("engine_wedged false actives (known, open):", wedged)
+    said = [onset for onsets in result.onsets.values() for onset in onsets if onset[1] == "engine_wedged"]
+    print("engine_wedged false actives (known, open):", wedged, said)
     assert not [s for s in false_actives(result) if s.condition != "engine_wedged"], false_actives(result)  # no saturation on b, no underload on a
     a, b = result.discovery["a"], result.discovery["b"]
     assert (a["max_num_seqs"], b["max_num_seqs"]) == (16, 32)  # each from its own vLLM's command line

@@ -372,6 +372,18 @@ def test_requests_that_finish_during_a_pause_are_no_hang():
     assert {verdict(snap, "engine_wedged").state for snap in quiet} == {"inactive"}
 
 
+def test_a_thrash_that_recomputes_without_a_token_is_not_a_hang():
+    """No token for 30 s while requests wait, but vLLM preempts all along: its scheduler runs (recomputing what it
+    preempted), a hung engine preempts nothing. The same standstill without preemptions is a hang."""
+    s = Scenario(engine(window=60.0))
+    s.run(60, running=16, waiting=40, kv=1.0, preempt_per_step=2)
+    thrash = [s.run(2, running=16, waiting=40, kv=1.0, preempt_per_step=1, finish_per_step=0, producing=False) for _ in range(15)]
+    assert {verdict(snap, "engine_wedged").state for snap in thrash} == {"inactive"}
+    assert thrash[-1].signals["m/0"]["seconds_since_last_token"] == 30.0  # no token indeed
+    hung = [s.run(2, running=16, waiting=40, kv=1.0, finish_per_step=0, producing=False) for _ in range(15)]
+    assert verdict(hung[-1], "engine_wedged").state == "active"
+
+
 def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
     s = Scenario(engine())
     idle = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(20)]

@@ -311,15 +311,18 @@ def _pending(ctx: SignalContext, index: int) -> float:
 
 def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     """(seconds, requests) of the stall up to the newest reading: since the earliest reading after the token
-    counters last rose in which requests were pending that have not all finished since (success and abort
+    counters (or the preemptions counter) last rose in which requests were pending that have not all finished since (success and abort
     both count), or from which on every reading had requests pending, and how many are unfinished. vLLM's
     running gauge drops to 0 in a real hang while no request finishes: requests seen pending after the
     counters froze are still in flight whatever the gauges read now."""
     produced = _token_steps(ctx)
     if produced is None:
         return None
+    # A preemption is the scheduler at work: a KV thrash recomputing its preempted requests may produce no token for
+    # a while (a 2-core CPU build, two servers saturated), but a hung engine preempts nothing.
+    preempted = ctx.view.step_increases("vllm:num_preemptions_total", ctx.scope) or [0.0] * len(produced)
     frames = ctx.view.frames
-    start = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i]), 0)
+    start = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i] or preempted[i] > 0), 0)
     finished = ctx.view.step_increases("vllm:request_success_total", ctx.scope) or [0.0] * len(produced)
     stuck_at, stuck = None, 0.0
     finished_after = 0.0
@@ -592,7 +595,7 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "seconds_stalled_with_requests_pending",
         "seconds_stalled_with_requests_pending",
         "Seconds for which requests seen pending (running or waiting) after the token counters last rose have not finished while no "
-        "token was produced; 0 when tokens flow or nothing is pending.",
+        "token was produced and nothing was preempted; 0 when tokens flow or nothing is pending.",
         _seconds_stalled,
     ),
     SignalDef(
