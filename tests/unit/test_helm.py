@@ -154,7 +154,7 @@ def test_the_sidecar_can_neither_hold_vllm_back_nor_take_its_pod_out_of_service(
 
 
 def test_the_memory_limit_holds_the_sidecar_at_its_engine_bound():
-    """The limit covers what the sidecar was measured to use at the default max_engines (README: 123 MB
+    """The limit covers what the sidecar was measured to use at the default max_engines (docs/measurements.md: 123 MB
     at 32 engines), with room: the bound on the page is what bounds the memory."""
     from vllm_triage.config import OPTIONS_BY_KEY
 
@@ -500,15 +500,16 @@ def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():
     assert float(trigger["metadata"]["threshold"]) == 0.8 and trigger["metricType"] == "AverageValue"
 
 
-def test_the_chart_readme_quotes_the_profiler_defaults_it_ships():
+@pytest.mark.parametrize("readme", [CHART / "README.md", ROOT / "README.md"])
+def test_the_readmes_quote_the_profiler_defaults_the_chart_ships(readme):
     profiler = yaml.safe_load((CHART / "values.yaml").read_text())["profiler"]
-    text = (CHART / "README.md").read_text()
+    text = " ".join(readme.read_text().split())
     quoted = (
-        f"`profiler.windowSeconds` ({profiler['windowSeconds']} s) at `profiler.rate` ({profiler['rate']} Hz) per\n"
-        f"  process every `profiler.intervalSeconds` ({profiler['intervalSeconds']} s)"
+        f"`profiler.windowSeconds` ({profiler['windowSeconds']} s) at `profiler.rate` ({profiler['rate']} Hz) per "
+        f"process every `profiler.intervalSeconds` ({profiler['intervalSeconds']} s)"
     )
     assert quoted in text
-    assert "pauses vLLM" not in text  # py-spy's default mode (nonblocking) pauses nothing
+    assert "pauses vLLM" not in text and "pauses the engine core" not in text  # py-spy's default mode (nonblocking) pauses nothing
 
 
 def test_a_rollout_replaces_one_replica_at_a_time_and_a_drain_respects_the_budget():

@@ -9,7 +9,7 @@ thread holds the GIL, and that read fails when the stack changes under it (vLLM'
 quarter to half of the held samples of a target with a busy stack), so a failed sample counts as held:
 held ratio = (samples + errors) / (rate x window). The read errors' share is exported beside it.
 Nonblocking is the default: on the H200 it read the real engine's GIL share as blocking did (within 0.07)
-without pausing it (README, Measured).
+without pausing it (docs/measurements.md).
 """
 
 from __future__ import annotations
