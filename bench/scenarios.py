@@ -18,9 +18,8 @@ from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import replay
 
-from tests.gpu.truth import read_phases
+from tests.gpu.truth import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING, read_phases
 from tests.support.scenarios import SCENARIOS, run
-from tests.unit.test_real_vllm_captures import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 CAPTURES = {"serving": (demo_capture_path(), SERVING), "cpu_bound": (DATA / "real-vllm-h200-cpu_bound.jsonl.gz", CPU_BOUND)}

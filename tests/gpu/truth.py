@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vllm_triage.capture import read_readings
 from vllm_triage.config import Config, load
-from vllm_triage.diagnosis.conditions import GPU_CONDITIONS
+from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
 from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS
@@ -143,3 +143,28 @@ def check_causes(capture: Path, phases: list[tuple[str, float, float]], config: 
 
     replay(list(read_readings(capture)), config, on_tick)
     return problems
+
+
+# The real vLLM on the H200 (tests/gpu/real_vllm.py's scenarios, their captures in tests/data/real-vllm-h200-*):
+ALL = {c.id for c in CONDITIONS}
+# phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
+CONTENTION = {"contended": ({"gpu_starved"}, set())}  # what `make scenarios` reports on (the tests below judge it)
+HUNG_KERNEL = {"hung": ({"engine_wedged"}, set())}
+KV_THRASH = {"thrash": ({"kv_cache_saturated", "queue_backlog", "preemption_storm"}, set())}
+SERVING = {
+    "idle": (set(), ALL),
+    # 2 of 32 running, SMs at ~0.04, the engine core's main thread at ~0.98 of a core: starvation leads,
+    # underload is suppressed by it (one story), nothing fragments, random prompts are no cache fault
+    "underload": ({"gpu_starved"}, {"client_underload", "kv_fragmentation_suspected", "prefix_cache_ineffective", "kv_cache_saturated"}),
+    "kv_saturation": (
+        {"kv_cache_saturated", "preemption_storm", "ttft_high"},
+        {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "compute_bound", "memory_bandwidth_bound"},
+    ),
+    "recovery": (set(), ALL),
+}
+CPU_BOUND = {"cpu_bound": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "kv_fragmentation_suspected", "prefix_cache_ineffective"})}
+GPU_HEAVY = {
+    "prefill_heavy": ({"compute_bound"}, {"gpu_starved", "memory_bandwidth_bound", "gpu_busy_not_computing", "prefix_cache_ineffective"}),
+    # eager decode of a 1B model at ~94 sequences: kernel launches, not DRAM, are the limit (SM ~0.1, DRAM ~0.06)
+    "decode_heavy": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "prefix_cache_ineffective"}),
+}

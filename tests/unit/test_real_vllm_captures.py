@@ -24,15 +24,13 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config, load
-from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.pipeline import replay
 from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
 
-from tests.gpu.truth import check, read_phases
+from tests.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-ALL = {c.id for c in CONDITIONS}
 
 
 def capture(name: str) -> tuple[Path, list[tuple[str, float, float]]]:
@@ -60,29 +58,6 @@ def short_settings(tmp_path: Path) -> Config:
     path = tmp_path / "short.yaml"
     path.write_text("window_seconds: 20\ntick_seconds: 2\nconditions:\n" + "".join(f"  {c}: {{for_seconds: 2, clear_for_seconds: 2}}\n" for c in sorted(ALL)))
     return load(str(path), env={})
-
-
-# phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
-CONTENTION = {"contended": ({"gpu_starved"}, set())}  # what `make scenarios` reports on (the tests below judge it)
-HUNG_KERNEL = {"hung": ({"engine_wedged"}, set())}
-KV_THRASH = {"thrash": ({"kv_cache_saturated", "queue_backlog", "preemption_storm"}, set())}
-SERVING = {
-    "idle": (set(), ALL),
-    # 2 of 32 running, SMs at ~0.04, the engine core's main thread at ~0.98 of a core: starvation leads,
-    # underload is suppressed by it (one story), nothing fragments, random prompts are no cache fault
-    "underload": ({"gpu_starved"}, {"client_underload", "kv_fragmentation_suspected", "prefix_cache_ineffective", "kv_cache_saturated"}),
-    "kv_saturation": (
-        {"kv_cache_saturated", "preemption_storm", "ttft_high"},
-        {"kv_fragmentation_suspected", "prefix_cache_ineffective", "client_underload", "compute_bound", "memory_bandwidth_bound"},
-    ),
-    "recovery": (set(), ALL),
-}
-CPU_BOUND = {"cpu_bound": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "kv_fragmentation_suspected", "prefix_cache_ineffective"})}
-GPU_HEAVY = {
-    "prefill_heavy": ({"compute_bound"}, {"gpu_starved", "memory_bandwidth_bound", "gpu_busy_not_computing", "prefix_cache_ineffective"}),
-    # eager decode of a 1B model at ~94 sequences: kernel launches, not DRAM, are the limit (SM ~0.1, DRAM ~0.06)
-    "decode_heavy": ({"gpu_starved"}, {"compute_bound", "memory_bandwidth_bound", "prefix_cache_ineffective"}),
-}
 
 
 PROFILED = {  # idle and recovery are 10 and 20 s here: shorter than a window

@@ -1,6 +1,7 @@
-"""The defects a hostile review found, each kept fixed: bad values at the edge, a failing tick, the
-listener under slow and malformed clients, a backward clock, credentials in the URL, corrupt
-captures, bad config and CLI values, an unreachable vLLM in a one-shot diagnosis."""
+"""Bad input and hostile conditions at the edges, each answered clearly while the daemon serves on: non-finite
+values on vLLM's page, a failing tick, the listener under slow and malformed clients, a backward clock,
+credentials in the URL, corrupt captures, bad config and CLI values, an unreachable vLLM in a one-shot
+diagnosis, churning label sets."""
 
 from __future__ import annotations
 
