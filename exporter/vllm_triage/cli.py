@@ -20,7 +20,7 @@ from typing import Any
 
 from . import __version__, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
-from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load
+from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load, redact_url
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
@@ -28,7 +28,6 @@ from .pipeline import judge_at, replay
 from .registry import SourceLoop, build_sources
 from .report import format_report, format_transition
 from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
-from .sources.vllm import redact_url
 from .webconfig import load_web_config
 
 SCRAPE_KEYS = (

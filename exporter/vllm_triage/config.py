@@ -12,14 +12,35 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import yaml
 
-from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID
-from .diagnosis.engine import ConditionSettings, default_settings
-from .registry import SOURCES
-from .sources.vllm import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
+from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, ConditionSettings, default_settings
+from .model import SOURCE_NAMES
+
+# A real vLLM 0.32.0 page has ~320 `vllm:` series per engine; wide expert-parallel deployments run
+# 64-128 data-parallel engines behind one API server. Past these limits a label is exploding
+# (or this is not a plain vLLM): judging every engine would cost seconds per tick and export an
+# unbounded number of series, so the page is refused, as Prometheus refuses a scrape over sample_limit.
+DEFAULT_MAX_SERIES = 15_000
+DEFAULT_MAX_ENGINES = 32
+# A label value longer than this is refused on vLLM's page (as Prometheus' label_value_length_limit).
+DEFAULT_MAX_LABEL_VALUE_LENGTH = 1024
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown (logs, /diagnosis, reports): user:password@ and query values hidden."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<invalid URL>"
+    netloc = ("***@" if parts.username or parts.password else "") + (f"[{host}]" if ":" in host else host) + port
+    query = "&".join(f"{pair.partition('=')[0]}=***" for pair in parts.query.split("&") if pair) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
 
 DEFAULT_PORT = 10290
 ENV_PREFIX = "VLLM_TRIAGE_"
@@ -145,7 +166,7 @@ def _items(raw: Any) -> list[str]:
     return [item.strip() for item in str(raw).split(",") if item.strip()]
 
 
-_SOURCE_NAMES = [spec.name for spec in SOURCES]
+_SOURCE_NAMES = list(SOURCE_NAMES)
 
 
 @_described({"anyOf": [{"type": "array", "items": {"enum": _SOURCE_NAMES}, "minItems": 1}, {"type": "string", "minLength": 1}]})

@@ -14,8 +14,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .cpu_account import CPU
-from .diagnosis.conditions import CONDITIONS_BY_ID
-from .diagnosis.engine import ConditionSettings
+from .diagnosis.conditions import CONDITIONS_BY_ID, ConditionSettings
 from .model import SeriesKey, Snapshot
 from .registry import SOURCES
 from .scope import parse_scope

@@ -9,8 +9,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from .config import Config
 from .cpu_account import CPU
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
 from .signals.gpu import GPU_SIGNALS
@@ -22,9 +23,6 @@ from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
 from .sources.vllm import VllmSource
-
-if TYPE_CHECKING:
-    from .config import Config
 
 Clock = Callable[[], float]
 LatestProcesses = Callable[[], Reading | None]  # the last process Reading: who vLLM's processes are

@@ -17,9 +17,8 @@ import pytest
 from vllm_triage import daemon as daemon_module
 from vllm_triage.capture import CaptureError, read_readings
 from vllm_triage.cli import main
-from vllm_triage.config import ConfigError, load
+from vllm_triage.config import ConfigError, load, redact_url
 from vllm_triage.model import Reading
-from vllm_triage.sources.vllm import redact_url
 
 from tests.support.components import get, start_sidecar
 

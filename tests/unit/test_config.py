@@ -173,3 +173,25 @@ def test_a_huge_or_deeply_nested_config_is_refused_in_one_line(tmp_path):
     deep.write_text("conditions: " + "[" * 20_000 + "]" * 20_000 + "\n")
     with pytest.raises(ConfigError, match="nests too deeply"):
         load(str(deep), env={})
+
+
+def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
+    """Loading the config reads the condition table and the model, nothing that runs: no source, registry or engine
+    (they import the config, never the other way round), and the registry builds the sources the config names."""
+    import subprocess
+    import sys
+
+    from vllm_triage.model import SOURCE_NAMES
+    from vllm_triage.registry import SOURCES
+
+    code = "import sys, vllm_triage.config; print(' '.join(sorted(m for m in sys.modules if m.startswith('vllm_triage'))))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert loaded == {
+        "vllm_triage",
+        "vllm_triage.config",
+        "vllm_triage.diagnosis",
+        "vllm_triage.diagnosis.conditions",
+        "vllm_triage.diagnosis.judge",
+        "vllm_triage.model",
+    }
+    assert tuple(spec.name for spec in SOURCES) == SOURCE_NAMES

@@ -51,6 +51,27 @@ class Condition:
     contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None
 
 
+@dataclass(frozen=True)
+class ConditionSettings:
+    """A condition's defaults merged with the user's overrides (config.py validates them)."""
+
+    enabled: bool
+    for_seconds: float
+    clear_seconds: float
+    window_seconds: float
+    thresholds: dict[str, float]
+
+
+def default_settings(condition: Condition, window_seconds: float) -> ConditionSettings:
+    return ConditionSettings(
+        enabled=True,
+        for_seconds=condition.for_seconds,
+        clear_seconds=condition.clear_seconds,
+        window_seconds=condition.window_seconds or window_seconds,
+        thresholds={t.name: t.default for t in condition.thresholds},
+    )
+
+
 def _vllm_unreachable(j: Judge) -> Term:
     down = j.value("vllm_down_seconds")
     if down is None:

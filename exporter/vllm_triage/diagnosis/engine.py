@@ -13,33 +13,12 @@ from typing import TYPE_CHECKING
 
 from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
 from ..scope import AGGREGATE_SCOPE
-from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY, Condition
+from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY, Condition, ConditionSettings
 from .judge import Judge, Term
 
 if TYPE_CHECKING:  # the judge is handed what a tick derived; it derives nothing itself
     from ..derive import Derived, ScopedSignals
     from ..discovery import Discovery
-
-
-@dataclass(frozen=True)
-class ConditionSettings:
-    """A condition's defaults merged with the user's overrides (config.py validates them)."""
-
-    enabled: bool
-    for_seconds: float
-    clear_seconds: float
-    window_seconds: float
-    thresholds: dict[str, float]
-
-
-def default_settings(condition: Condition, window_seconds: float) -> ConditionSettings:
-    return ConditionSettings(
-        enabled=True,
-        for_seconds=condition.for_seconds,
-        clear_seconds=condition.clear_seconds,
-        window_seconds=condition.window_seconds or window_seconds,
-        thresholds={t.name: t.default for t in condition.thresholds},
-    )
 
 
 @dataclass

@@ -19,12 +19,13 @@ from typing import Any
 
 import aiohttp
 
+from ..config import redact_url
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, Reading, SeriesKey, make_labels
 from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import read_bounded
 from .dcgm import dcgm_readings
-from .vllm import RENAMES, _canonical, redact_url
+from .vllm import RENAMES, _canonical
 
 # Labels Prometheus and its service discovery add to a target's series: not vLLM's nor the sidecar's own.
 TARGET_LABELS = frozenset({"__name__", "job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster", "node", "prometheus"})

@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
@@ -40,19 +41,6 @@ RENAMES: dict[str, str] = {
 CORE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-def redact_url(url: str) -> str:
-    """The URL as it may be shown (logs, /diagnosis, reports): user:password@ and query values hidden."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<invalid URL>"
-    netloc = ("***@" if parts.username or parts.password else "") + (f"[{host}]" if ":" in host else host) + port
-    query = "&".join(f"{pair.partition('=')[0]}=***" for pair in parts.query.split("&") if pair) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
 class ScrapeError(Exception):
     """A failed scrape; `reason` is a bounded label value for the error counter."""
 
@@ -71,14 +59,6 @@ def _canonical(name: str) -> tuple[str, bool]:
         if name.endswith(suffix) and base in RENAMES:
             return RENAMES[base] + suffix, True
     return name, False
-
-
-# A real vLLM 0.32.0 page has ~320 `vllm:` series per engine; wide expert-parallel deployments run
-# 64-128 data-parallel engines behind one API server. Past these limits a label is exploding
-# (or this is not a plain vLLM): judging every engine would cost seconds per tick and export an
-# unbounded number of series, so the page is refused, as Prometheus refuses a scrape over sample_limit.
-DEFAULT_MAX_SERIES = 15_000
-DEFAULT_MAX_ENGINES = 32
 
 
 def vllm_lines(text: str, max_series: int = DEFAULT_MAX_SERIES, keep: frozenset[str] | None = None) -> list[str]:
@@ -161,7 +141,6 @@ def parse_lines(lines: list[str], memo: SeriesMemo | None = None) -> list[Parsed
 # Values past this are no real counter or gauge of vLLM's (10^30 FLOPs is 30 years of an H200 at its
 # bf16 peak): refused, so that sums and rates of them stay finite.
 MAX_ABS_VALUE = 1e30
-DEFAULT_MAX_LABEL_VALUE_LENGTH = 1024
 
 # Why a series of a page was refused; each is counted in vllm_triage_source_errors_total{reason}.
 DROP_REASONS = {
