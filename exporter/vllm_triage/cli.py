@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import __version__, traces
+from . import __version__, html_report, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load, redact_url
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--from", dest="start", type=_time, metavar="WHEN", help="With --prometheus: where the history starts.")
     play.add_argument("--to", dest="end", type=_time, metavar="WHEN", help="With --prometheus: where it ends. Default now.")
     play.add_argument("--json", action="store_true", help="Print one JSON object per state change.")
+    play.add_argument(
+        "--html",
+        metavar="OUT",
+        help="Also write the incident page to OUT: one self-contained HTML file (verdict bands over the three layers' plots, "
+        "then each verdict's evidence and next actions), readable offline.",
+    )
 
     fleet = commands.add_parser("fleet", help="Every vLLM a Prometheus scraped, judged on its history, by severity; replicas out of balance.")
     with_config(fleet)
@@ -357,11 +363,23 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
                 elif before is not None or verdict.state == "active":
                     print(format_transition(start, snapshot.timestamp, before, verdict))
 
-    final = replay(readings, config, on_tick)
+    snapshots: list[Snapshot] = []
+
+    def on_each(snapshot: Snapshot) -> None:
+        on_tick(snapshot)
+        if args.html:
+            snapshots.append(snapshot)
+
+    final = replay(readings, config, on_each)
     if final is not None and not args.json:
         active = [v.condition for v in final.verdicts if v.active]
         span = readings[-1].timestamp - start
         print(f"replayed {len(readings)} readings over {span:.0f} s; active at the end: {', '.join(active) or 'none'}")
+    if args.html:
+        source = f"Prometheus {redact_url(args.prometheus)} {args.selector}".rstrip() if args.prometheus else str(args.capture)
+        page = html_report.render(readings, snapshots, f"vllm-triage: {source}")
+        Path(args.html).write_text(page, encoding="utf-8")
+        print(f"wrote {args.html} ({len(page.encode()) / 1e3:.0f} kB)", file=sys.stderr)
     return 0
 
 
