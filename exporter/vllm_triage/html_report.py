@@ -67,6 +67,28 @@ def _signal(snapshots: list[Snapshot], name: str, scope: str = AGGREGATE_SCOPE) 
     return [(s.timestamp, v) for s in snapshots if (v := s.signals.get(scope, {}).get(name)) is not None and math.isfinite(v)]
 
 
+LATENCY_SIGNALS = (
+    ("ttft_seconds_p50", "TTFT p50"),
+    ("ttft_seconds_p95", "TTFT p95"),
+    ("inter_token_latency_seconds_p50", "ITL p50"),
+    ("inter_token_latency_seconds_p95", "ITL p95"),
+)
+GPU_ACTIVITY = (
+    ("gpu_sm_active_ratio", "SM active"),
+    ("gpu_tensor_active_ratio", "tensor active"),
+    ("gpu_dram_bandwidth_utilization_ratio", "DRAM"),
+    ("gpu_utilization_ratio", "util.gpu"),
+)
+
+
+def _per_gpu(plot: Plot, gpu: list[Reading], metrics: tuple[tuple[str, str], ...]) -> Plot:
+    """One series per GPU and metric: "<label> GPU <index>"."""
+    for name, label in metrics:
+        for index, points in sorted(_gauge(gpu, name, by="gpu", reduce=max).items()):
+            plot.series[f"{label} GPU {index}"] = points
+    return plot
+
+
 def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
     """What the page plots, from the raw readings (and the windowed latency quantiles the snapshots computed)."""
     vllm, gpu, process, gil = (_by_source(readings, s) for s in (VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE, GIL_SOURCE))
@@ -88,30 +110,9 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
     tokens.series["generated"] = _rate(_gauge(vllm, "vllm:generation_tokens_total").get("", []))
     tokens.series["prompt"] = _rate(_gauge(vllm, "vllm:prompt_tokens_total").get("", []))
     result.append(tokens)
-    latency = Plot("Latency (window quantiles)", "seconds")
-    for name, label in (
-        ("ttft_seconds_p50", "TTFT p50"),
-        ("ttft_seconds_p95", "TTFT p95"),
-        ("inter_token_latency_seconds_p50", "ITL p50"),
-        ("inter_token_latency_seconds_p95", "ITL p95"),
-    ):
-        latency.series[label] = _signal(snapshots, name)
-    result.append(latency)
-    activity = Plot("GPU activity", "ratio")
-    for name, label in (
-        ("gpu_sm_active_ratio", "SM active"),
-        ("gpu_tensor_active_ratio", "tensor active"),
-        ("gpu_dram_bandwidth_utilization_ratio", "DRAM"),
-        ("gpu_utilization_ratio", "util.gpu"),
-    ):
-        for index, points in sorted(_gauge(gpu, name, by="gpu", reduce=max).items()):
-            activity.series[f"{label} GPU {index}"] = points
-    result.append(activity)
-    pcie = Plot("PCIe", "bytes_per_second")
-    for name, label in (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx")):
-        for index, points in sorted(_gauge(gpu, name, by="gpu", reduce=max).items()):
-            pcie.series[f"{label} GPU {index}"] = points
-    result.append(pcie)
+    result.append(Plot("Latency (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in LATENCY_SIGNALS}))
+    result.append(_per_gpu(Plot("GPU activity", "ratio"), gpu, GPU_ACTIVITY))
+    result.append(_per_gpu(Plot("PCIe", "bytes_per_second"), gpu, (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx"))))
     power = Plot("GPU power", "watts", {f"GPU {i}": p for i, p in sorted(_gauge(gpu, "gpu_power_watts", by="gpu", reduce=max).items())})
     result.append(power)
     clocks = Plot("GPU SM clock", "hertz", {f"GPU {i}": p for i, p in sorted(_gauge(gpu, "gpu_sm_clock_hertz", by="gpu", reduce=max).items())})
