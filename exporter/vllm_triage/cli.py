@@ -158,6 +158,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
     report.add_argument("--condition", metavar="ID", help="With --json: only this condition's verdict, evidence and next actions.")
     report.add_argument("--timeout", type=_seconds, default=10.0, help="Give up after this many seconds. Default 10.")
+    report.add_argument(
+        "--html",
+        metavar="OUT",
+        help="Write the sidecar's incident page of its last minutes (its /report.html) to OUT; of a capture or Prometheus: replay --html.",
+    )
 
     play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
     with_config(play)
@@ -198,8 +203,8 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """GET /report or /diagnosis from a running sidecar and print it."""
-    url = args.url.rstrip("/") + ("/diagnosis" if args.json else "/report")
+    """GET /report or /diagnosis from a running sidecar and print it (or /report.html, written to a file)."""
+    url = args.url.rstrip("/") + ("/report.html" if args.html else "/diagnosis" if args.json else "/report")
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as response:
             body = response.read().decode("utf-8", errors="replace")
@@ -210,6 +215,10 @@ def _report(args: argparse.Namespace) -> int:
         reason = getattr(error, "reason", error)
         print(f"vllm-triage: no sidecar answers at {url}: {reason}", file=sys.stderr)
         return 1
+    if args.html:
+        Path(args.html).write_text(body, encoding="utf-8")
+        print(f"wrote {args.html} ({len(body.encode()) / 1e3:.0f} kB)", file=sys.stderr)
+        return 0
     if args.json and args.condition:
         conditions = json.loads(body)["conditions"]
         found = [c for c in conditions if c["condition"] == args.condition]

@@ -16,12 +16,13 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+from . import html_report
 from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, Reading, Snapshot
-from .pipeline import Pipeline
+from .pipeline import Pipeline, replay
 from .registry import SourceLoop, build_sources
 from .server import make_app, serve
 from .sources.gil import dump_stacks
@@ -74,6 +75,8 @@ class Daemon:
         self.stack_dumps: tuple[dict[str, object], ...] = ()  # the last stack dump of a wedged engine, shown in /diagnosis
         self._dumped_for: float | None = None  # the activation (its `since`) the last dump was taken for
         self._dumping: asyncio.Task[None] | None = None
+        self._page_lock = asyncio.Lock()
+        self._page: tuple[Snapshot | None, bytes] | None = None  # the incident page and the snapshot it was made at
 
     # --- outlets (read by server.py) ---
     async def metrics_body(self, openmetrics: bool) -> bytes:
@@ -82,6 +85,19 @@ class Daemon:
         if body is None:  # not rendered at this tick (the first scrape, or one not expected): rendered now, on the pipeline thread
             body = await self._in_pipeline(partial(CPU.run, "render", self.exposition.render, openmetrics))
         return body
+
+    async def report_page(self) -> bytes:
+        """The incident page of the in-memory window: its readings judged again from the start (off the loop and off the
+        pipeline thread, one at a time), made once per tick however often it is asked for."""
+        async with self._page_lock:
+            snapshot = self.snapshot
+            if self._page is None or self._page[0] is not snapshot:
+                readings = await self._in_pipeline(self.pipeline.store.readings)
+                page = await asyncio.to_thread(
+                    _incident_page, readings, self.config, f"vllm-triage: {self.target}, its last {self.pipeline.store.horizon_seconds:.0f} s"
+                )
+                self._page = (snapshot, page)
+            return self._page[1]
 
     @property
     def target(self) -> str:
@@ -283,6 +299,12 @@ class Daemon:
         self._pipeline.shutdown(wait=True)
 
 
+def _incident_page(readings: list[Reading], config: Config, title: str) -> bytes:
+    snapshots: list[Snapshot] = []
+    replay(readings, dataclasses.replace(config, demo=False), snapshots.append)
+    return html_report.render(readings, snapshots, title).encode() if snapshots else b"<!DOCTYPE html>\n<p>No readings yet.</p>\n"
+
+
 class _Current:
     """What the HTTP handlers serve: the running daemon, replaced when a changed config file is loaded,
     so that the listener (and Prometheus' scrapes) never see the reload."""
@@ -308,6 +330,9 @@ class _Current:
 
     async def metrics_body(self, openmetrics: bool) -> bytes:
         return await self.daemon.metrics_body(openmetrics)
+
+    async def report_page(self) -> bytes:
+        return await self.daemon.report_page()
 
 
 def _listener(config: Config) -> tuple[str, int, int, float]:

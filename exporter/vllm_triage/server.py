@@ -1,4 +1,4 @@
-"""HTTP outlets: /, /metrics, /healthz, /readyz, /engine-liveness, /diagnosis, /report. Handlers read bytes prepared once
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /engine-liveness, /diagnosis, /report, /report.html. Handlers read bytes prepared once
 per snapshot (the text report, and a /metrics format nobody asked for before, on first request)."""
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class Outlets(Protocol):
     def engine_liveness_endpoint(self) -> bool: ...
 
     async def metrics_body(self, openmetrics: bool) -> bytes: ...
+
+    async def report_page(self) -> bytes: ...
 
 
 class _LastResult(Generic[T]):
@@ -220,6 +222,11 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
             return web.Response(status=503, text="starting: no evaluation yet\n")
         return web.Response(body=report_of(snapshot), content_type="text/plain", charset="utf-8")
 
+    async def report_page(_: web.Request) -> web.StreamResponse:
+        if outlets.snapshot is None:
+            return web.Response(status=503, text="starting: no evaluation yet\n")
+        return web.Response(body=await outlets.report_page(), content_type="text/html", charset="utf-8")
+
     async def index(_: web.Request) -> web.StreamResponse:
         return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
 
@@ -231,6 +238,7 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     app.router.add_get("/engine-liveness", engine_liveness)
     app.router.add_get("/diagnosis", diagnosis)
     app.router.add_get("/report", report)
+    app.router.add_get("/report.html", report_page)
     return app
 
 
@@ -248,6 +256,7 @@ def landing_page(snapshot: Snapshot | None) -> str:
 <li><a href="metrics">/metrics</a> Prometheus metrics (OpenMetrics when asked)</li>
 <li><a href="diagnosis">/diagnosis</a> every condition with state, evidence and next actions (JSON)</li>
 <li><a href="report">/report</a> the same as a report to read (what <code>vllm-triage diagnose</code> prints)</li>
+<li><a href="report.html">/report.html</a> the incident page of the last minutes: the verdicts over the three layers' plots</li>
 <li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
 <li><a href="engine-liveness">/engine-liveness</a> 503 while vLLM's engine is hung (engine_wedged; opt-in: engine_liveness_endpoint)</li>
 </ul>{status}

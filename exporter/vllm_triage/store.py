@@ -137,6 +137,17 @@ class Store:
         state = self._sources.get(source)
         return state.failing_since if state else None
 
+    def readings(self) -> list[Reading]:
+        """Every source's kept ok readings again, oldest first: what the in-memory window holds (the live incident page)."""
+        found = [
+            Reading(
+                state.name, frame.timestamp, True, {(name, s.labels): s.value for name, series in frame.by_name.items() for s in series}, meta=dict(frame.meta)
+            )
+            for state in self._sources.values()
+            for frame in state.frames
+        ]
+        return sorted(found, key=lambda r: r.timestamp)
+
     def window(self, source: str, start: float, end: float) -> list[Frame]:
         """Ok frames with start <= timestamp <= end, oldest first."""
         state = self._sources.get(source)

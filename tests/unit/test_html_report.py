@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -77,3 +78,19 @@ def test_replay_writes_the_page(tmp_path, capsys):
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "kv_cache_saturated" in page
     assert f"wrote {out}" in capsys.readouterr().err
+
+
+def test_the_live_sidecar_serves_the_page_of_its_last_minutes_and_report_writes_it(tmp_path):
+    from tests.support.components import get, start_sidecar
+
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "window_seconds: 20\n", "--demo")
+    try:
+        time.sleep(8)  # a few seconds of the demo's readings in memory
+        status, body = get(sidecar.url + "/report.html")
+        assert status == 200 and body.startswith(b"<!DOCTYPE html>") and b"Requests running and waiting" in body, body[:300]
+        assert b'href="report.html"' in get(sidecar.url + "/")[1]
+        out = tmp_path / "live.html"
+        assert main(["report", "--url", sidecar.url, "--html", str(out)]) == 0
+        assert "the bundled demo capture" in out.read_text()
+    finally:
+        sidecar.process.kill()
