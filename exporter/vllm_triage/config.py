@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -177,11 +178,22 @@ def _source_list(key: str, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-@_described({"anyOf": [{"type": "array", "items": {"type": ["string", "integer"]}, "minItems": 1}, {"type": ["string", "integer"]}]})
+MAX_GPUS = 256  # a node holds 8-16; more is a wrong value (a config once listed 300,000)
+
+
+@_described(
+    {
+        "anyOf": [
+            {"type": "array", "items": {"type": ["string", "integer"]}, "minItems": 1, "maxItems": MAX_GPUS},
+            {"type": ["string", "integer"]},
+        ]
+    }
+)
 def _gpu_list(key: str, raw: Any) -> tuple[str, ...]:
     items = tuple(_items(raw))
-    if not items:
-        raise _bad(key, raw, "expected GPU indices or UUIDs, comma-separated (e.g. 0,1 or GPU-8f2c...)")
+    if not items or len(items) > MAX_GPUS or not all(re.fullmatch(r"[0-9]{1,4}|(GPU|MIG)-[0-9A-Za-z-]{1,96}", item) for item in items):
+        shown = f"{len(items)} of them" if len(items) > MAX_GPUS else raw
+        raise _bad(key, shown, f"expected at most {MAX_GPUS} GPU indices or UUIDs, comma-separated (e.g. 0,1 or GPU-8f2c...)")
     return items
 
 

@@ -209,6 +209,8 @@ def test_corrupt_deflate_data_is_one_clear_error(tmp_path, capsys):
         ("window_seconds: .inf\n", "window_seconds"),
         ("window_seconds: .nan\n", "window_seconds"),
         ("gpus: {a: 1}\n", "gpus"),
+        ("gpus: [0, 'GPU-$(rm -rf /)']\n", "gpus"),
+        ("gpus: [" + ", ".join(str(i % 8) for i in range(1000)) + "]\n", "gpus"),  # no node holds a thousand GPUs
         ("sources: [[vllm]]\n", "sources"),
     ],
 )

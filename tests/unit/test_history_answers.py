@@ -85,3 +85,37 @@ def test_fleet_quotes_label_values_into_promql():
     assert target_matchers({"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000"}) == 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000"'
     assert target_matchers({"pod": 'a",job=~".+'}) == 'pod="a\\",job=~\\".+"'
     assert target_matchers({"pod": "back\\slash"}) == 'pod="back\\\\slash"'
+
+
+async def _said_by(handler) -> str:
+    async def said(url: str) -> str:
+        try:
+            await PrometheusHistory(url, "", HistoryLimits(timeout_seconds=1.0)).readings(1796000000.0, 1796000060.0)
+        except HistoryError as error:
+            return str(error)
+        return ""
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query_range", handler)
+    app.router.add_post("/api/v1/query", handler)
+    return await serving(app, said)
+
+
+def test_a_redirect_loop_and_a_slow_drip_are_named_not_left_blank():
+    """aiohttp says "0, message=''" for a redirect loop and nothing for a timeout: the message names what happened."""
+
+    async def loop(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPTemporaryRedirect(str(request.url))  # 307 keeps the POST: it comes back here, again and again
+
+    said = asyncio.run(_said_by(loop))
+    assert "a redirect loop: 10 redirects, the last to http://127.0.0.1:" in said and "message=''" not in said, said
+
+    async def drip(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"status": ')
+        await asyncio.sleep(5)  # past the timeout, one byte at a time would do the same
+        return response
+
+    said = asyncio.run(_said_by(drip))
+    assert said.endswith("did not answer: no answer before the timeout (it accepted the connection, then sent nothing, or too slowly)"), said

@@ -175,3 +175,12 @@ def test_recovery_after_failures():
 
     first, second = scrape(handler, times=2)
     assert not first.ok and second.ok
+
+
+def test_a_redirect_loop_is_named():
+    async def handler(request):
+        raise web.HTTPFound("/metrics")
+
+    (reading,) = scrape(handler)
+    assert not reading.ok and reading.error_reason == "http"
+    assert "a redirect loop: 10 redirects, the last to http://127.0.0.1:" in (reading.error or "") and "message=''" not in (reading.error or ""), reading.error

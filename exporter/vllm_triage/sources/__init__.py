@@ -19,3 +19,18 @@ async def read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | Non
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def http_failure(error: BaseException) -> str:
+    """What went wrong with an HTTP request, in words: aiohttp's own texts say nothing for a timeout ('') or a
+    redirect loop ("0, message=''")."""
+    import aiohttp  # here, not at the top: see above
+
+    if isinstance(error, aiohttp.TooManyRedirects):
+        hops = len(error.history)
+        return f"a redirect loop: {hops} redirects, the last to {error.request_info.real_url.with_query(None)} (point the URL at the page itself)"
+    if isinstance(error, TimeoutError):
+        return "no answer before the timeout (it accepted the connection, then sent nothing, or too slowly)"
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"HTTP {error.status} {error.message}".strip()
+    return str(error) or type(error).__name__

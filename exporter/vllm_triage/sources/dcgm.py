@@ -21,7 +21,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import GPU_SOURCE, Reading, SeriesKey, make_labels
-from . import read_bounded
+from . import http_failure, read_bounded
 from .gpu import CLOCK_EVENT_REASONS
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class DcgmSource:
                     )
                 text = body.decode("utf-8", errors="replace")
         except (aiohttp.ClientError, TimeoutError) as error:
-            return self._failed(timestamp, start, "connect", f"cannot read dcgm-exporter at {self.url}: {error or type(error).__name__}")
+            return self._failed(timestamp, start, "connect", f"cannot read dcgm-exporter at {self.url}: {http_failure(error)}")
         try:
             series = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith("DCGM_FI_")]
         except ValueError as error:

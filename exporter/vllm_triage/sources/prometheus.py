@@ -23,7 +23,7 @@ from ..config import redact_url
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, Reading, SeriesKey, make_labels
 from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
-from . import read_bounded
+from . import http_failure, read_bounded
 from .dcgm import dcgm_readings
 from .vllm import RENAMES, _canonical
 
@@ -89,7 +89,7 @@ async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: 
             async with session.post(f"{url.rstrip('/')}/api/v1/query", data={"query": query, "time": f"{at:.3f}"}) as response:
                 payload = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            raise HistoryError(f"Prometheus at {redact_url(url)} did not answer: {error or type(error).__name__}") from None
+            raise HistoryError(f"Prometheus at {redact_url(url)} did not answer: {http_failure(error)}") from None
     if not isinstance(payload, dict) or payload.get("status") != "success":
         raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {payload.get('error') if isinstance(payload, dict) else payload}")
     found = [s["metric"] for s in payload["data"]["result"]]
@@ -183,7 +183,7 @@ class PrometheusHistory:
             async with session.post(f"{self.url}/api/v1/query_range", data=params) as response:
                 body = await read_bounded(response.content, self.limits.max_answer_bytes)
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise HistoryError(f"Prometheus at {redact_url(self.url)} did not answer: {error or type(error).__name__}") from None
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} did not answer: {http_failure(error)}") from None
         if body is None:
             limit = self.limits.max_answer_bytes // (1024 * 1024)
             raise HistoryError(f"Prometheus' answer is over {limit} MiB: narrow --selector to one server, use a larger --step or a shorter range")

@@ -23,7 +23,7 @@ from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAUL
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
-from . import read_bounded
+from . import http_failure, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class VllmSource:
         except aiohttp.ClientConnectionError as exc:
             reading = self._failed(timestamp, start, "connect", f"cannot reach {self.shown_url}: {exc}")
         except aiohttp.ClientError as exc:
-            reading = self._failed(timestamp, start, "http", f"{self.shown_url}: {exc}")
+            reading = self._failed(timestamp, start, "http", f"{self.shown_url}: {http_failure(exc)}")
         self._log_state_change(reading)
         return reading
 
