@@ -15,14 +15,8 @@ from tests.support.vllm_server import serving
 GOOD = {"__name__": "vllm:num_requests_running", "engine": "0", "model_name": "m"}
 
 
-async def _ask(answer: bytes, limits: HistoryLimits) -> str:
-    async def query_range(_: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(_)
-        for offset in range(0, len(answer), 65536):  # in pieces, as a real server streams a large answer
-            await response.write(answer[offset : offset + 65536])
-        await response.write_eof()
-        return response
+async def _said_by(handler, limits: HistoryLimits) -> str:
+    """What the history source says of a Prometheus whose query API answers with `handler`."""
 
     async def said(url: str) -> str:
         try:
@@ -32,9 +26,21 @@ async def _ask(answer: bytes, limits: HistoryLimits) -> str:
         return ""
 
     app = web.Application()
-    app.router.add_post("/api/v1/query_range", query_range)
-    app.router.add_post("/api/v1/query", query_range)
+    app.router.add_post("/api/v1/query_range", handler)
+    app.router.add_post("/api/v1/query", handler)
     return await serving(app, said)
+
+
+async def _ask(answer: bytes, limits: HistoryLimits) -> str:
+    async def query_range(_: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(_)
+        for offset in range(0, len(answer), 65536):  # in pieces, as a real server streams a large answer
+            await response.write(answer[offset : offset + 65536])
+        await response.write_eof()
+        return response
+
+    return await _said_by(query_range, limits)
 
 
 def ask(answer: object, limits: HistoryLimits | None = None) -> str:
@@ -87,27 +93,13 @@ def test_fleet_quotes_label_values_into_promql():
     assert target_matchers({"pod": "back\\slash"}) == 'pod="back\\\\slash"'
 
 
-async def _said_by(handler) -> str:
-    async def said(url: str) -> str:
-        try:
-            await PrometheusHistory(url, "", HistoryLimits(timeout_seconds=1.0)).readings(1796000000.0, 1796000060.0)
-        except HistoryError as error:
-            return str(error)
-        return ""
-
-    app = web.Application()
-    app.router.add_post("/api/v1/query_range", handler)
-    app.router.add_post("/api/v1/query", handler)
-    return await serving(app, said)
-
-
 def test_a_redirect_loop_and_a_slow_drip_are_named_not_left_blank():
     """aiohttp says "0, message=''" for a redirect loop and nothing for a timeout: the message names what happened."""
 
     async def loop(request: web.Request) -> web.StreamResponse:
         raise web.HTTPTemporaryRedirect(str(request.url))  # 307 keeps the POST: it comes back here, again and again
 
-    said = asyncio.run(_said_by(loop))
+    said = asyncio.run(_said_by(loop, HistoryLimits(timeout_seconds=1.0)))
     assert "a redirect loop: 10 redirects, the last to http://127.0.0.1:" in said and "message=''" not in said, said
 
     async def drip(request: web.Request) -> web.StreamResponse:
@@ -117,5 +109,5 @@ def test_a_redirect_loop_and_a_slow_drip_are_named_not_left_blank():
         await asyncio.sleep(5)  # past the timeout, one byte at a time would do the same
         return response
 
-    said = asyncio.run(_said_by(drip))
+    said = asyncio.run(_said_by(drip, HistoryLimits(timeout_seconds=1.0)))
     assert said.endswith("did not answer: no answer before the timeout (it accepted the connection, then sent nothing, or too slowly)"), said
