@@ -93,7 +93,7 @@ generate: $(VENV)/.installed
 
 # The page-path fuzz test with a long budget (make test runs it with a short one).
 fuzz: $(VENV)/.installed
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-2000} $(BIN)/pytest -q tests/unit/test_fuzz.py
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-2000} $(BIN)/pytest -q tests/unit/test_fuzz.py tests/unit/test_fuzz_inputs.py
 
 # The labelled scenario suite on the real vLLM at the default settings (~55 min), and the H200 captures.
 scenarios: $(VENV)/.installed vllm-env
