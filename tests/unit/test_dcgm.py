@@ -137,6 +137,10 @@ def test_a_hostile_page_is_refused_or_cleaned_not_crashed_on():
     (big,) = collect([PAGE * 100], max_page_bytes=100_000)
     assert not big.ok and big.error_reason == "too_large" and "max_page_bytes" in (big.error or "")
 
+    # a 2 MB label on a line that does not parse: the parser quotes the line; the error (log, /diagnosis) does not carry it
+    (huge,) = collect([PAGE + 'DCGM_FI_DEV_GPU_UTIL{gpu="0",modelName="' + "x" * 2_000_000 + '" 5\n'], max_page_bytes=4_000_000)
+    assert not huge.ok and huge.error_reason == "parse" and len(huge.error or "") < 600, len(huge.error or "")
+
 
 def test_a_page_that_arrives_in_pieces_is_read_whole():
     """dcgm-exporter (Go's net/http) flushes its page every 4 KiB: the source reads every piece, for a node's page and

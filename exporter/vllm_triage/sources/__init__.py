@@ -34,3 +34,9 @@ def http_failure(error: BaseException) -> str:
     if isinstance(error, aiohttp.ClientResponseError):
         return f"HTTP {error.status} {error.message}".strip()
     return str(error) or type(error).__name__
+
+
+def shortened(text: object, limit: int = 300) -> str:
+    """A parser's message as logs and /diagnosis show it: it quotes the offending line, which may be megabytes."""
+    said = str(text)
+    return said if len(said) <= limit else f"{said[:limit]}... ({len(said)} characters)"

@@ -21,7 +21,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import GPU_SOURCE, Reading, SeriesKey, make_labels
-from . import http_failure, read_bounded
+from . import http_failure, read_bounded, shortened
 from .gpu import CLOCK_EVENT_REASONS
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class DcgmSource:
         try:
             series = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith("DCGM_FI_")]
         except ValueError as error:
-            return self._failed(timestamp, start, "parse", f"dcgm-exporter at {self.url} sent a page that does not parse: {error}")
+            return self._failed(timestamp, start, "parse", f"dcgm-exporter at {self.url} sent a page that does not parse: {shortened(error)}")
         mine = [s for s in series if self._ours(s[1])]
         if not mine:
             who = f"pod {self.namespace}/{self.pod}" if self.pod else "any GPU"

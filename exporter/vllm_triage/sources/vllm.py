@@ -23,7 +23,7 @@ from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAUL
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
-from . import http_failure, read_bounded
+from . import http_failure, read_bounded, shortened
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def parse_lines(lines: list[str], memo: SeriesMemo | None = None) -> list[Parsed
         try:
             found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
         except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
-            raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {exc})") from exc
+            raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text ({type(exc).__name__}: {shortened(exc)})") from exc
         if len(found) != len(fresh):
             raise ScrapeError("parse", f"vLLM /metrics is not valid Prometheus text: {len(fresh)} sample lines read as {len(found)} samples")
         for (index, _, series, value_text), (name, labels, value) in zip(fresh, found, strict=True):
