@@ -75,11 +75,18 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
         assert all(first_active(timeline, c) is not None for c in JUDGED), timeline[-40:]
 
         history = [str(BIN / "vllm-triage"), "--prometheus", prometheus.url, "--selector", '{pod="vllm-0"}', "--step", "1", "--config", str(config)]
+        page = tmp_path / "incident.html"
         replayed = subprocess.run(
-            [history[0], "replay", *history[1:], "--from", f"{start:.3f}", "--to", f"{end:.3f}", "--json"], capture_output=True, text=True, timeout=120
+            [history[0], "replay", *history[1:], "--from", f"{start:.3f}", "--to", f"{end:.3f}", "--json", "--html", str(page)],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert replayed.returncode == 0, replayed.stderr
         changes = [json.loads(line) for line in replayed.stdout.splitlines()]
+        # the incident page of the same history: a band per verdict the replay judged, over vLLM's and the GPUs' plots
+        text = page.read_text()
+        assert "kv_cache_saturated" in text and "Requests running and waiting" in text and "GPU activity" in text, text[:500]
         for condition in JUDGED:
             live = first_active(timeline, condition)
             rose = next((c["since"] for c in changes if c["condition"] == condition and c["state"] == "active"), None)
