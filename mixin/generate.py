@@ -115,6 +115,15 @@ def values_schema() -> str:
     tune = schema["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]
     tune["disabledAlerts"]["items"] = {"type": "string", "enum": alerts}
     duration = tune["for"].get("additionalProperties") or next(iter(tune["for"]["properties"].values()))
+    tune["vllmThresholds"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            key: {"type": "number", "minimum": 0, "maximum": 1, "description": f"{t['alert']}: {t['what']} (default {t['default']:g})"}
+            for key, t in mixin.VLLM_THRESHOLDS.items()
+        },
+        "description": "thresholds of the rules on vLLM's own metrics",
+    }
     tune["for"] = {
         "type": "object",
         "properties": {alert: duration for alert in alerts},
@@ -136,6 +145,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     # The Helm chart may only read files inside itself: its PrometheusRule and dashboard ConfigMaps.
     "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.rules_file()),
     "helm/vllm-triage/files/inhibit-rules.yml": lambda: _yaml(mixin.alertmanager_config_inhibit_rules()),
+    "helm/vllm-triage/files/vllm-thresholds.yml": lambda: _yaml(mixin.VLLM_THRESHOLDS),
     **{f"helm/vllm-triage/files/dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
     "helm/vllm-triage/values.schema.json": values_schema,
 }

@@ -68,6 +68,16 @@ def condition_alerts() -> list[dict[str, Any]]:
 # VllmKvCacheFull judges what kv_cache_saturated judges, with the table's own defaults.
 _KV_SATURATED = {t.name: t.default for t in CONDITIONS_BY_ID["kv_cache_saturated"].thresholds}
 
+# The numbers of vLLM-side rules an install tunes (the chart's monitoring.prometheusRule.vllmThresholds): each is
+# written once in its alert's expression as `text`, which the chart's template replaces with the value given.
+VLLM_THRESHOLDS: dict[str, dict[str, Any]] = {
+    "kvCacheUsageMean": {"alert": "VllmKvCacheFull", "default": _KV_SATURATED["usage_min"], "what": "5-minute mean of KV usage, at or above"},
+    "kvCacheUsagePeak": {"alert": "VllmKvCacheFull", "default": _KV_SATURATED["usage_peak_min"], "what": "... and its 5-minute peak, at or above"},
+}
+for _tunable in VLLM_THRESHOLDS.values():
+    _tunable["text"] = f">= {_tunable['default']:g} and"
+
+
 # The sidecar's word that vLLM has not answered yet within its startup grace (after the grace, VllmTriageVllmUnreachable).
 STARTING = "vllm_triage_vllm_starting == 1"
 

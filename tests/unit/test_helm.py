@@ -254,6 +254,7 @@ TUNED = {
             "grafanaUrl": "https://grafana.example.com/",
             "disabledAlerts": ["VllmTriageGpuThrottled"],
             "for": {"VllmTriageTtftHigh": "10m"},
+            "vllmThresholds": {"kvCacheUsageMean": 0.9},
         },
     }
 }
@@ -295,6 +296,8 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     default_alerts = {r["alert"] for g in default_spec["groups"] for r in g["rules"] if "alert" in r}
     assert "VllmTriageGpuThrottled" not in alerts and set(alerts) == default_alerts - {"VllmTriageGpuThrottled"}
     assert alerts["VllmTriageTtftHigh"]["for"] == "10m"
+    kv = alerts["VllmKvCacheFull"]["expr"]
+    assert ">= 0.9 and" in kv and ">= 0.8 and" not in kv and ">= 0.99 and" in kv  # the mean tuned, the peak as generated
     assert all(a["labels"]["team"] == "inference" for a in alerts.values())
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
     assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0 unless on (namespace, pod) vllm_triage_vllm_starting == 1'
@@ -384,6 +387,8 @@ def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the
         # alert tuning names alerts that exist: a typo would render and do nothing
         ({"monitoring": {"prometheusRule": {"for": {"VllmTriageTypo": "10m"}}}}, "VllmTriageTypo"),
         ({"monitoring": {"prometheusRule": {"disabledAlerts": ["VllmKvCacheFul"]}}}, "disabledAlerts"),
+        ({"monitoring": {"prometheusRule": {"vllmThresholds": {"kvCacheUsage": 0.9}}}}, "kvCacheUsage"),
+        ({"monitoring": {"prometheusRule": {"vllmThresholds": {"kvCacheUsageMean": 90}}}}, "kvCacheUsageMean"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):

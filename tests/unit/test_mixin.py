@@ -184,3 +184,13 @@ def test_the_overview_leads_with_the_verdict_now_and_no_panel_is_blank_without_s
     efficiency = [p for p in panels if p["type"] == "timeseries" and "--enable-mfu-metrics" in p.get("description", "")]
     assert efficiency and all("--enable-mfu-metrics" in p["fieldConfig"]["defaults"]["noValue"] for p in efficiency)
     assert all(p["description"] for p in fleet()["panels"] if p["type"] != "row")
+
+
+def test_each_tunable_vllm_threshold_is_written_once_in_its_alert():
+    """The chart replaces each tunable's text in its alert's expression: it must be there, once, and nowhere else."""
+    from mixin.rules import VLLM_ALERTS, VLLM_THRESHOLDS
+
+    exprs = {rule["alert"]: rule["expr"] for rule in VLLM_ALERTS}
+    for key, tunable in VLLM_THRESHOLDS.items():
+        assert exprs[tunable["alert"]].count(tunable["text"]) == 1, key
+        assert sum(expr.count(tunable["text"]) for expr in exprs.values()) == 1, key
