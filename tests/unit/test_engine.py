@@ -487,3 +487,35 @@ def test_a_vllm_still_loading_its_model_is_starting_not_unreachable():
     s.run(10)
     snap = s.fail(40)  # answered once, then down: an outage at once
     assert verdict(snap, "vllm_unreachable").state == "active"
+
+
+def test_a_stopped_engine_core_that_runs_again_with_its_clients_gone_is_no_longer_hung():
+    """Measured on the CPU build: vLLM does not count the requests whose clients left during a SIGSTOP as finished
+    (request_success_total{finished_reason="abort"} stayed 0), and after SIGCONT its gauges read 0 and no token comes.
+    The host sees the engine core run again: the verdict clears and stays cleared. Resumed but still frozen (its
+    gauges still count the requests, no token), it is hung again once it has run for the stall bar."""
+    from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
+
+    def run(eng: Engine, store: Store, c: Counters, t0: float, seconds: float, running: int, stopped: bool, producing: bool) -> list:
+        snapshots = []
+        for t in range(int(t0), int(t0 + seconds), 2):
+            if producing:
+                c.generation_tokens += 8 * running
+                c.finished += 1
+            store.add(reading(float(t), page(running, 0, 0.3, c)))
+            stop = {("process_stopped", make_labels({"role": "engine_core", "index": "0"})): 1.0 if stopped else 0.0}
+            store.add(Reading(PROCESS_SOURCE, float(t) + 0.5, True, stop))
+            snapshots.append(evaluate(eng, store, float(t) + 0.6))
+        return snapshots
+
+    for still_frozen in (False, True):
+        eng, store, c = engine(window=60.0), Store(200), Counters()
+        run(eng, store, c, 0, 60, 4, False, True)
+        hung = run(eng, store, c, 60, 40, 4, True, False)  # SIGSTOP: the gauges hold their last counts
+        assert verdict(hung[-1], "engine_wedged").state == "active" and verdict(hung[-1], "engine_wedged").cause == "process_stopped"
+        after = run(eng, store, c, 100, 120, 4 if still_frozen else 0, False, False)  # SIGCONT; nothing is produced
+        states = [verdict(s, "engine_wedged").state for s in after]
+        if still_frozen:
+            assert "inactive" in states[:6] and states[-1] == "active", states  # it ran (cleared after clear_for), then stood still again
+        else:
+            assert set(states) == {"inactive"}, states  # at once, and for the next two minutes

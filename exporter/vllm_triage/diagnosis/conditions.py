@@ -125,7 +125,17 @@ def _engine_wedged(j: Judge) -> Term:
         stalled = any_of(
             stalled, j.compare("host_engine_core_stopped_seconds", ">=", "stalled_seconds_min", "the engine core process has been stopped for", " s")
         )
-    if not stalled.holds and j.active:
+    # A stopped engine core that runs again (SIGCONT): the stall seen before is over. It is hung again only once it has run
+    # for the stall bar with requests still counted pending; and the latch below does not apply (vLLM does not count the
+    # requests its clients gave up during the stop as finished: nothing else would ever end it on an idle server).
+    resumed = j.signals.get("host_engine_core_resumed_seconds")
+    if resumed is not None:
+        stalled = all_of(
+            stalled,
+            j.compare("host_engine_core_resumed_seconds", ">=", "stalled_seconds_min", "the engine core was stopped and has run again for", " s"),
+            j.compare("requests_pending_latest", ">", "pending_latest_min", "requests running or waiting as vLLM counts them since"),
+        )
+    if not stalled.holds and j.active and resumed is None:
         # Declared hung, it stays so while nothing moves: no token and no request finished (abort included) in
         # the whole window. In a long hang the readings that saw the requests pending leave the window while
         # vLLM's gauges read 0.
@@ -727,6 +737,8 @@ CONDITIONS: tuple[Condition, ...] = (
         reads=(
             "seconds_stalled_with_requests_pending",
             "host_engine_core_stopped_seconds",
+            "host_engine_core_resumed_seconds",
+            "requests_pending_latest",
             "requests_stalled",
             "seconds_since_last_token",
             "window_span_seconds",
@@ -754,6 +766,7 @@ CONDITIONS: tuple[Condition, ...] = (
                 0.0,
                 "once hung, it stays so while no token came in the whole window and no more requests finish per second than this",
             ),
+            Threshold("pending_latest_min", 0.0, "once a stopped engine core runs again, it is hung only with more requests than this pending"),
             Threshold("resident_utilization_min", 0.9, "cause hung_kernel when util.gpu over the last 10 s is at or above this (a kernel resident)", 0.0, 1.0),
             Threshold("hung_sm_active_max", 0.1, "... and GPM SM activity at or below this (it computes nothing)", 0.0, 1.0),
         ),
@@ -764,6 +777,8 @@ CONDITIONS: tuple[Condition, ...] = (
         contradicted=lambda s: (
             "tokens are produced again, or nothing is pending"
             if s.get("seconds_stalled_with_requests_pending") == 0 and not s.get("host_engine_core_stopped")
+            else "the engine core runs again and vLLM counts nothing pending"
+            if s.get("host_engine_core_resumed_seconds") is not None and s.get("requests_pending_latest") == 0
             else None
         ),
     ),

@@ -19,17 +19,36 @@ def _role_cpu_cores_recent(role: str) -> Callable[[SignalContext], float | None]
     return lambda ctx: ctx.view.recent().rate("process_cpu_seconds_total", role_scope(role)) if ctx.view.frames else None
 
 
+def _stopped_frames(ctx: SignalContext, role: str) -> list[tuple[float, float]]:
+    """(time, 1 when a process of the role was stopped) for each process reading of the window."""
+    return [(f.timestamp, max(values)) for f in ctx.view.frames if (values := [s.value for s in f.series("process_stopped", role_scope(role))])]
+
+
 def _role_stopped_seconds(role: str) -> Callable[[SignalContext], float | None]:
     """How long, up to the newest reading, a process of the role has been stopped in every reading (0 when running)."""
 
     def compute(ctx: SignalContext) -> float | None:
-        frames = [(f.timestamp, max(values)) for f in ctx.view.frames if (values := [s.value for s in f.series("process_stopped", role_scope(role))])]
+        frames = _stopped_frames(ctx, role)
         if not frames:
             return None
         start = len(frames)
         while start > 0 and frames[start - 1][1] > 0:
             start -= 1
         return 0.0 if start == len(frames) else frames[-1][0] - frames[start][0]
+
+    return compute
+
+
+def _role_resumed_seconds(role: str) -> Callable[[SignalContext], float | None]:
+    """Seconds since a process of the role was last seen stopped, when it runs now; None when none was stopped in the
+    window (or one is stopped now)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        frames = _stopped_frames(ctx, role)
+        if not frames or frames[-1][1] > 0:
+            return None
+        last_stopped = next((t for t, stopped in reversed(frames) if stopped > 0), None)
+        return None if last_stopped is None else frames[-1][0] - last_stopped
 
     return compute
 
@@ -94,6 +113,12 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
         "stopped_seconds",
         "How long a process of the role has been stopped (or a zombie) in every reading up to the newest, in seconds.",
         _role_stopped_seconds,
+    ),
+    *_per_role(
+        "resumed_seconds",
+        "resumed_seconds",
+        "Seconds since a process of the role was last seen stopped, while it runs again (absent when none was stopped in the window).",
+        _role_resumed_seconds,
     ),
     *_per_role(
         "busiest_thread_cpu_ratio",

@@ -338,6 +338,12 @@ def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     return (0.0, 0.0) if stuck_at is None else (frames[-1].timestamp - frames[stuck_at].timestamp, stuck)
 
 
+def _requests_pending_latest(ctx: SignalContext) -> float | None:
+    """Running plus waiting in the newest reading: frozen at their last values while the engine core is hung (it sends
+    no new counts), what it counts again once it runs."""
+    return _pending(ctx, len(ctx.view.frames) - 1) if ctx.view.frames else None
+
+
 def _seconds_stalled(ctx: SignalContext) -> float | None:
     stall = ctx.view.once(("stall", ctx.scope), lambda: _stall(ctx))
     return None if stall is None else stall[0]
@@ -597,6 +603,12 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "Seconds for which requests seen pending (running or waiting) after the token counters last rose have not finished while no "
         "token was produced and nothing was preempted; 0 when tokens flow or nothing is pending.",
         _seconds_stalled,
+    ),
+    SignalDef(
+        "requests_pending_latest",
+        "requests_pending_latest",
+        "Requests running plus waiting in the newest reading (frozen while the engine core is hung).",
+        _requests_pending_latest,
     ),
     SignalDef(
         "requests_stalled",
