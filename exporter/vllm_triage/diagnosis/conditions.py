@@ -737,8 +737,6 @@ CONDITIONS: tuple[Condition, ...] = (
         reads=(
             "seconds_stalled_with_requests_pending",
             "host_engine_core_stopped_seconds",
-            "host_engine_core_resumed_seconds",
-            "requests_pending_latest",
             "requests_stalled",
             "seconds_since_last_token",
             "window_span_seconds",
@@ -752,6 +750,9 @@ CONDITIONS: tuple[Condition, ...] = (
             "requests_running_min",
             "requests_running_max",
             "requests_waiting_max",
+            # last: the drill-down plots the first few, and these exist only around a stop
+            "host_engine_core_resumed_seconds",
+            "requests_pending_latest",
         ),
         dont=(
             "Do not trust vLLM's /health alone: the API server answers 200 while its engine core is hung.",
