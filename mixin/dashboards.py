@@ -92,6 +92,19 @@ def _targets(exprs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"datasource": DS, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)} for i, (expr, legend) in enumerate(exprs)]
 
 
+def _panel(kind: str, title: str, description: str, exprs: list[tuple[str, str]], defaults: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The shape every panel shares: its type, words, queries, field defaults and options."""
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": _targets(exprs),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+    }
+
+
 def timeseries(
     title: str, exprs: list[tuple[str, str]], unit: str = "short", description: str = "", max_value: float | None = None, no_value: str = ""
 ) -> dict[str, Any]:
@@ -101,55 +114,24 @@ def timeseries(
     if max_value is not None:
         defaults["max"] = max_value
         defaults["min"] = 0
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": _targets(exprs),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
-    }
+    return _panel("timeseries", title, description, exprs, defaults, {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}})
 
 
 def stat(title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value") -> dict[str, Any]:
     """The newest value, big; `no_value` is what a person reads when the query has no series."""
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": _targets([(expr, legend)]),
-        "fieldConfig": {
-            "defaults": {
-                "unit": unit,
-                "noValue": no_value,
-                "color": {"mode": "fixed", "fixedColor": "text"},
-                "links": [{"title": "What it means and what to do", "url": CONDITIONS_URL + "#${__field.labels.condition}", "targetBlank": True}],
-            },
-            "overrides": [],
-        },
-        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "textMode": text_mode, "colorMode": "value"},
-    }
+    link = {"title": "What it means and what to do", "url": CONDITIONS_URL + "#${__field.labels.condition}", "targetBlank": True}
+    defaults = {"unit": unit, "noValue": no_value, "color": {"mode": "fixed", "fixedColor": "text"}, "links": [link]}
+    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "textMode": text_mode, "colorMode": "value"}
+    return _panel("stat", title, description, [(expr, legend)], defaults, options)
 
 
 def state_timeline(title: str, expr: str, legend: str, description: str = "") -> dict[str, Any]:
-    return {
-        "type": "state-timeline",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": _targets([(expr, legend)]),
-        "fieldConfig": {
-            "defaults": {
-                "color": {"mode": "thresholds"},
-                "thresholds": {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": 1}]},
-                "mappings": [{"type": "value", "options": {"0": {"text": "inactive"}, "1": {"text": "active"}}}],
-            },
-            "overrides": [],
-        },
-        "options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8},
+    defaults = {
+        "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": 1}]},
+        "mappings": [{"type": "value", "options": {"0": {"text": "inactive"}, "1": {"text": "active"}}}],
     }
+    return _panel("state-timeline", title, description, [(expr, legend)], defaults, {"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
 
 
 def _threshold(condition: str, name: str) -> tuple[str, str]:
