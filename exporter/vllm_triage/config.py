@@ -317,6 +317,13 @@ class Config:
     process_title_prefix: str = option("VLLM", _text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")
     demo: bool = option(False, _boolean, "Replay the bundled capture in a loop instead of scraping vLLM.", "BOOL")
     demo_capture: str | None = option(None, _optional(_text), "Capture file for --demo (default: the bundled one).", "FILE")
+    demo_speed: float = option(
+        1.0,
+        _number(0.1, 100.0),
+        "--demo replays this many times faster than the capture was recorded; the sidecar's clock runs as fast (windows, "
+        "`for` durations and the timestamps it exports are in capture time).",
+        "X",
+    )
     log_level: str = option("info", _choice(*LOG_LEVELS), "Log level.", "LEVEL")
     conditions: dict[str, ConditionSettings] = field(default_factory=dict)
 

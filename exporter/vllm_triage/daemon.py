@@ -40,6 +40,12 @@ def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable
     return lambda: anchor_wall + (monotonic() - anchor)
 
 
+def _faster(clock: Callable[[], float], speed: float) -> Callable[[], float]:
+    """`clock`, run `speed` times as fast from now on."""
+    anchor = clock()
+    return lambda: anchor + (clock() - anchor) * speed
+
+
 CONFIG_CHECK_SECONDS = 5.0  # how often the config file is looked at (a mounted ConfigMap changes within a minute)
 
 
@@ -58,6 +64,9 @@ class Daemon:
         self._watched = _read(watch.path) if watch else None
         self.reloaded: Config | None = None  # set when run() returned to be started again with this config
         self.clock = clock or steady_wall_clock()
+        self.speed = config.demo_speed if config.demo else 1.0  # capture seconds per wall second
+        if self.speed != 1.0:
+            self.clock = _faster(self.clock, self.speed)
         self.demo_capture: Path | None = None
         self.demo_readings: list[Reading] = []
         if config.demo:  # judged as a capture: its sources are the ones it holds
@@ -236,7 +245,7 @@ class Daemon:
         while not self._stop.is_set():
             offset = self.clock() - first
             for reading in readings:
-                delay = reading.timestamp + offset - self.clock()
+                delay = (reading.timestamp + offset - self.clock()) / self.speed
                 if delay > 0:
                     try:
                         await asyncio.wait_for(self._stop.wait(), timeout=delay)
@@ -244,7 +253,7 @@ class Daemon:
                     except asyncio.TimeoutError:
                         pass
                 await self._ingest(reading.shifted(offset))
-            await asyncio.sleep(gap)
+            await asyncio.sleep(gap / self.speed)
 
     async def run(self) -> None:
         """Collect and evaluate until stop() or until a changed config file was loaded (self.reloaded)."""
@@ -264,7 +273,7 @@ class Daemon:
                     await self._ingest(await loop_.collect())
 
                 tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
-        tasks.append(asyncio.create_task(self._every(config.tick_seconds, "tick", self._tick)))
+        tasks.append(asyncio.create_task(self._every(config.tick_seconds / self.speed, "tick", self._tick)))
         if self.watch is not None:
             tasks.append(asyncio.create_task(self._every(CONFIG_CHECK_SECONDS, "config", self._check_config)))
         try:

@@ -13,6 +13,7 @@ own /metrics page at the end of each loaded phase, and stops vLLM. The captures 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,8 @@ class Scenario:
     #   contend N: the engine core's threads pinned to one CPU shared with N busy loops, for the rest of the phase
     #   hang_kernel S: a kernel that runs S seconds enqueued in the engine core (see HANG_HOOK)
     #   kill_api_server: SIGKILL the API server alone (an OOM kill); its engine core lives on
+    #   kill_vllm: SIGKILL the API server and every engine core (a crash, a node's OOM killer); nothing listens after
+    #   launch: vLLM started now (the sidecar records from before its launch, a pod's rollout); the phase lasts until it answers
     actions: tuple[tuple[str, float, str, float], ...] = ()
 
 
@@ -165,6 +168,23 @@ SCENARIOS = {
         (Phase("idle", 10), Phase("serving", 50, 8, 40, 400), Phase("hung", 70, 8, 40, 400), Phase("orphaned", 60)),
         "orphaned (the API server SIGKILLed at its start): vllm_unreachable within 35 s, naming the engine core that outlived it and the GPU memory it holds.",
         actions=(("hung", 5.0, "hang_kernel", 200.0), ("orphaned", 0.0, "kill_api_server", 0.0)),
+    ),
+    # A rollout: the sidecar records from the pod's start, vLLM is launched 5 s later and loads its model (its real start,
+    # from launch until it answers), then serves.
+    "rollout": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (Phase("loading", 5), Phase("serving", 90, 16, 40, 100), Phase("idle", 10)),
+        "loading (vLLM launched 5 s in; the phase lasts until it answers): vllm_starting, nothing active. serving: nothing.",
+        actions=(("loading", 5.0, "launch", 0.0),),
+    ),
+    # vLLM killed while idle after serving: nothing listens any more, its GPU memory freed.
+    "killed": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (Phase("idle", 10), Phase("serving", 60, 16, 40, 100), Phase("down", 180)),
+        "down (every vLLM process SIGKILLed at its start): vllm_unreachable within 35 s, held to the end; no engine_wedged.",
+        actions=(("down", 0.0, "kill_vllm", 0.0),),
     ),
 }
 
@@ -311,9 +331,30 @@ def vllm_pids(title: str) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
 
 
-async def act(action: str, argument: float, after: float, server: subprocess.Popen[bytes], marks: list[tuple[str, float]], until: float) -> None:
+@dataclass
+class Server:
+    """The vLLM of a scenario: started before it, or by its `launch` action."""
+
+    model: Path
+    flags: tuple[str, ...]
+    log: Path
+    hang_seconds: float | None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = start_vllm(self.model, self.flags, self.log, self.hang_seconds)
+
+
+async def act(action: str, argument: float, after: float, server: Server, marks: list[tuple[str, float]], until: float) -> None:
     """One of Scenario.actions, `after` seconds from now; a contention ends at `until` (the phase's end)."""
     await asyncio.sleep(after)
+    if action == "launch":
+        marks.append(("vllm_launched", time.time()))
+        await asyncio.to_thread(server.start)
+        marks.append(("vllm_ready", time.time()))
+        print(f"  vLLM launched and answering after {marks[-1][1] - marks[-2][1]:.0f} s", flush=True)
+        return
+    assert server.process is not None
     if action == "contend":
         core = engine_core_pid()
         cpu = sorted(os.sched_getaffinity(core))[0]
@@ -336,12 +377,18 @@ async def act(action: str, argument: float, after: float, server: subprocess.Pop
         marks.append(("kernel_hung", time.time()))
         print(f"  the engine core (pid {core}) asked to enqueue a {argument:.0f} s kernel", flush=True)
     elif action == "kill_api_server":
-        os.kill(server.pid, signal.SIGKILL)
+        os.kill(server.process.pid, signal.SIGKILL)
         marks.append(("api_server_killed", time.time()))
-        print(f"  SIGKILL to the API server (pid {server.pid}); engine cores alive: {vllm_pids('VLLM::EngineCore')}", flush=True)
+        print(f"  SIGKILL to the API server (pid {server.process.pid}); engine cores alive: {vllm_pids('VLLM::EngineCore')}", flush=True)
+    elif action == "kill_vllm":
+        pids = [server.process.pid, *vllm_pids("VLLM::")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        marks.append(("vllm_killed", time.time()))
+        print(f"  SIGKILL to every vLLM process: {pids}", flush=True)
 
 
-async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]], server: subprocess.Popen[bytes]) -> None:
+async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str, float]], server: Server) -> None:
     profiles: list[tuple[str, float, float]] = []
     for phase in scenario.phases:
         marks.append((phase.name, time.time()))
@@ -368,9 +415,8 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
         (out / f"{name}-profiles.json").write_text(json.dumps(profiles))
 
 
-async def record(scenario: Scenario, name: str, out: Path, server: subprocess.Popen[bytes]) -> None:
+async def record(scenario: Scenario, name: str, out: Path, server: Server) -> None:
     config = load(env={}, flags={"vllm_url": URL})
-    seconds = sum(p.seconds for p in scenario.phases) + 20  # requests in flight finish after a phase ends
     marks: list[tuple[str, float]] = []
     description = {
         "scenario": name,
@@ -382,7 +428,12 @@ async def record(scenario: Scenario, name: str, out: Path, server: subprocess.Po
         "created": time.time(),
     }
     with CaptureWriter(out / f"{name}.jsonl.gz", description) as writer:
-        await asyncio.gather(observe(config, seconds, writer), drive(scenario, name, out, marks, server))
+        observing = asyncio.create_task(observe(config, 3600, writer))
+        await drive(scenario, name, out, marks, server)
+        await asyncio.sleep(20)  # requests in flight finish after a phase ends
+        observing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await observing
     (out / f"{name}.json").write_text(json.dumps(marks))
 
 
@@ -394,12 +445,15 @@ def main() -> None:
         scenario = SCENARIOS[name]
         model = make_model(scenario.model, staged)
         hang = next((arg for _, _, action, arg in scenario.actions if action == "hang_kernel"), None)
-        server = start_vllm(model, scenario.flags, out / f"{name}-vllm.log", hang)
-        print(f"{time.strftime('%H:%M:%S')} {name}: vLLM ready", flush=True)
+        server = Server(model, scenario.flags, out / f"{name}-vllm.log", hang)
+        if not any(action == "launch" for _, _, action, _ in scenario.actions):
+            server.start()
+            print(f"{time.strftime('%H:%M:%S')} {name}: vLLM ready", flush=True)
         try:
             asyncio.run(record(scenario, name, out, server))
         finally:
-            stop(server)
+            if server.process is not None:
+                stop(server.process)
             for pid in vllm_pids("VLLM::"):  # an engine core that outlived its API server
                 os.kill(pid, signal.SIGKILL)
         if (out / "traces").is_dir():

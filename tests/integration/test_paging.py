@@ -1,10 +1,15 @@
 """One incident, one page: the shipped rules in a real Prometheus, the shipped Alertmanager example in a real
-Alertmanager, its receivers pointed at a webhook that counts what reaches people, over one life of a real vLLM
-(CPU build) and its sidecar: a rollout with load after it, a full KV cache, a hung engine core, vLLM killed.
+Alertmanager, its receivers pointed at a webhook that counts what reaches people.
 
-Time runs 10 times faster on the rules' and Alertmanager's side (every `for`, `keep_firing_for`, range and
-group timing divided by 10: 5 minutes are 30 s here), and on the sidecar's (short settings; it rides through 2 s
-of failed scrapes, not 15, and says vllm_unreachable 2 s after)."""
+Live: one life of a real vLLM (CPU build) and its sidecar: a rollout with load after it, a hung engine core, vLLM
+killed. Replayed: four pods whose sidecars replay real H200 captures at the default settings, each incident
+stretched to the length people live through (a 5-minute model load, 30 minutes of KV saturation, a 10-minute hang),
+and vLLM killed.
+
+Time runs 10 times faster on the rules' and Alertmanager's side (every `for`, `keep_firing_for`, range and group timing
+divided by 10: 5 minutes are 30 s here). The live sidecar runs on short settings (it rides through 2 s of failed
+scrapes, not 15, and says vllm_unreachable 2 s after); the replaying sidecars run on the default settings, their clock
+10 times faster (`--demo-speed 10`)."""
 
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ import threading
 import time
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support import vllm_server
+from tests.support import timeline, vllm_server
 from tests.support.components import FAST_CADENCE, FAST_CONDITIONS, REPO, get, start_alertmanager, start_load, start_prometheus, start_sidecar
 from tests.support.scenarios import engine_core
 
@@ -73,17 +79,18 @@ def name(labels: dict[str, str]) -> str:
 
 
 class Webhook:
-    """What Alertmanager sent to each receiver, in order: (receiver, group key, status, alert names firing)."""
+    """What Alertmanager sent to each receiver, in order: (receiver, group key, status, alert names firing, pod)."""
 
     def __init__(self) -> None:
-        self.posts: list[tuple[str, str, str, tuple[str, ...]]] = []
+        self.posts: list[tuple[str, str, str, tuple[str, ...], str]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 firing = tuple(sorted(name(a["labels"]) for a in body["alerts"] if a["status"] == "firing"))
-                outer.posts.append((self.path.strip("/"), body["groupKey"], body["status"], firing))
+                pod = body["groupLabels"].get("pod", "")
+                outer.posts.append((self.path.strip("/"), body["groupKey"], body["status"], firing, pod))
                 self.send_response(200)
                 self.end_headers()
 
@@ -94,21 +101,21 @@ class Webhook:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def pages(self, since: int = 0) -> list[tuple[str, ...]]:
-        """What paged people from post `since` on: each group's notification that starts it firing (its first, or
-        the first after it resolved); a group's later notifications while it fires are updates, not pages."""
+    def pages(self, since: int = 0, pod: str | None = None) -> list[tuple[str, ...]]:
+        """What paged people from post `since` on (about `pod`, or any): each group's notification that starts it firing
+        (its first, or the first after it resolved); a group's later notifications while it fires are updates, not pages."""
         firing: dict[str, bool] = {}
         pages = []
-        for index, (receiver, group, status, names) in enumerate(self.posts):
-            if receiver != "pager":
+        for index, (receiver, group, status, names, about) in enumerate(self.posts):
+            if receiver != "pager" or pod not in (None, about):
                 continue
             if status == "firing" and not firing.get(group) and index >= since:
                 pages.append(names)
             firing[group] = status == "firing"
         return pages
 
-    def tickets(self, since: int = 0) -> list[tuple[str, ...]]:
-        return [names for receiver, _, status, names in self.posts[since:] if receiver == "ticket" and status == "firing"]
+    def tickets(self, since: int = 0, pod: str | None = None) -> list[tuple[str, ...]]:
+        return [names for receiver, _, status, names, about in self.posts[since:] if receiver == "ticket" and status == "firing" and pod in (None, about)]
 
 
 def firing_alerts(alertmanager: str) -> list[str]:
@@ -158,14 +165,6 @@ def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
             assert webhook.pages(mark) == [(expected,)], f"{name}: pages {webhook.pages(mark)}; everything sent: {webhook.posts[mark:]}"
 
         loads = []
-        # A full KV cache for 8 minutes at this speed: vLLM's own KV and queue rules are true too, and muted.
-        incident(
-            "KV cache full",
-            "VllmTriageKvCacheSaturated",
-            lambda: loads.append(start_load(url, clients=64, prompt_words=200, max_tokens=300)),
-            50,
-            lambda: loads.pop().stop(),
-        )
         # The engine core stopped for 6 minutes at this speed, 8 requests in flight.
         core = engine_core(server)
         incident(
@@ -194,4 +193,86 @@ def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
         prometheus.stop()
         alertmanager_process.terminate()
         sidecar.process.kill()
+        webhook.server.shutdown()
+
+
+CAPTURES = REPO / "tests" / "data"
+REPLAY_SPEED = 10  # the sidecars replay 10 times faster than the captures were recorded: the same speed as the rules'
+
+
+def replayed_incidents(tmp_path) -> dict[str, Path]:
+    """pod -> its capture: real H200 captures (vLLM 0.26.0, all four sources), each incident stretched in place to the
+    length people live through (tests/support/timeline.py), then each held at its last quiet seconds to one length."""
+    incidents = {}
+    capture = CAPTURES / "real-vllm-h200-rollout.jsonl.gz"
+    at = timeline.marks(capture)
+    incidents["rollout-0"] = (capture, timeline.stretched(timeline.load(capture), at["vllm_launched"], at["vllm_ready"] - 2, 300), "a 5-minute model load")
+    capture = CAPTURES / "real-vllm-h200-kv_thrash.jsonl.gz"
+    at = timeline.marks(capture)
+    incidents["kv-0"] = (capture, timeline.stretched(timeline.load(capture), at["thrash"] + 60, at["recovery"], 1740), "a 30-minute KV saturation")
+    capture = CAPTURES / "real-vllm-h200-hung_kernel.jsonl.gz"
+    at = timeline.marks(capture)
+    incidents["hung-0"] = (
+        capture,
+        timeline.stretched(timeline.load(capture), at["kernel_hung"] + 20, at["kernel_hung"] + 38, 600),
+        "a kernel hung for 10 minutes",
+    )
+    capture = CAPTURES / "real-vllm-h200-killed.jsonl.gz"
+    incidents["down-0"] = (capture, timeline.load(capture), "vLLM killed")
+    length = max(r[-1].timestamp - r[0].timestamp for _, r, _ in incidents.values()) + 330  # the last incident's alerts resolve (keep_firing_for 5m)
+    paths = {}
+    for pod, (capture, readings, how) in incidents.items():
+        last = readings[-1].timestamp
+        held = timeline.stretched(readings, last - 15, last + 1, length - (last - 15 - readings[0].timestamp))
+        paths[pod] = timeline.write(tmp_path / f"{pod}.jsonl.gz", capture, held, how)
+    return paths
+
+
+def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_path):
+    """The done-when of paging: four pods in one Prometheus and one Alertmanager, each a sidecar replaying a real H200
+    capture at the default settings and the vLLM page that capture read (served back on the sidecar's clock)."""
+    webhook = Webhook()
+    alertmanager_process, alertmanager = start_alertmanager(tmp_path, faster_alertmanager(webhook.url))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(faster_rules()))
+    sidecars, pages = {}, {}
+    try:
+        for pod, capture in replayed_incidents(tmp_path).items():
+            (tmp_path / pod).mkdir()
+            pages[pod] = timeline.ReplayedVllm(timeline.load(capture), REPLAY_SPEED)
+            sidecars[pod] = start_sidecar(tmp_path / pod, "http://127.0.0.1:9", "", "--demo", "--demo-capture", str(capture), "--demo-speed", str(REPLAY_SPEED))
+            pages[pod].restart_clock()
+        readings = timeline.load(capture)
+        length = readings[-1].timestamp - readings[0].timestamp  # every capture's
+        prometheus = start_prometheus(
+            tmp_path,
+            {
+                "vllm": [(pages[pod].address, {"namespace": "llm", "pod": pod}) for pod in pages],
+                "vllm-triage": [(sidecars[pod].url.removeprefix("http://"), {"namespace": "llm", "pod": pod}) for pod in sidecars],
+            },
+            rules,
+            alertmanager,
+        )
+        try:
+            time.sleep(length / REPLAY_SPEED - 10)  # before the first capture loops
+            fired = {(s["metric"]["pod"], s["metric"]["alertname"]) for s in prometheus.query('max_over_time(ALERTS{alertstate="firing"}[1h])')}
+        finally:
+            prometheus.stop()
+        posts = "\n".join(map(str, webhook.posts))
+        for pod in sidecars:
+            print(pod, "fired in Prometheus:", sorted(a for p, a in fired if p == pod), "paged:", webhook.pages(pod=pod), "tickets:", webhook.tickets(pod=pod))
+        assert webhook.pages(pod="rollout-0") == [], posts
+        assert not {"VllmTargetDown", "VllmTriageSourceDown", "VllmTriageVllmUnreachable"} & {a for p, a in fired if p == "rollout-0"}, fired
+        assert webhook.pages(pod="kv-0") == [("VllmTriageKvCacheSaturated",)], posts
+        assert webhook.pages(pod="hung-0") == [("VllmTriageEngineWedged",)], posts
+        assert webhook.pages(pod="down-0") == [("VllmTriageVllmUnreachable",)], posts
+        # What made them one page: the other alerts about the same incident fired and were inhibited.
+        assert {"VllmKvCacheFull", "VllmTriagePreemptionStorm"} <= {a for p, a in fired if p == "kv-0"}, fired
+        assert "VllmTargetDown" in {a for p, a in fired if p == "down-0"}, fired
+    finally:
+        for page in pages.values():
+            page.stop()
+        for sidecar in sidecars.values():
+            sidecar.process.kill()
+        alertmanager_process.terminate()
         webhook.server.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import pytest
 from vllm_triage.capture import CaptureWriter, demo_capture_path, read_description, read_readings
@@ -142,6 +143,22 @@ def test_report_reads_a_running_sidecar_without_curl(tmp_path, capsys):
         sidecar.process.wait(timeout=30)
     assert main(["report", "--url", sidecar.url, "--timeout", "2"]) == 1
     assert f"no sidecar answers at {sidecar.url}/report" in capsys.readouterr().err
+
+
+def test_the_demo_replays_faster_on_a_clock_as_fast(tmp_path, capsys):
+    """`serve --demo --demo-speed 20`: the demo's KV saturation (kv_cache_saturated 284 s into the capture at speed 1,
+    `vllm-triage replay demo`) is active within a minute, judged at the default settings in capture time."""
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "", "--demo", "--demo-speed", "20")
+    try:
+        started = time.monotonic()
+        active: list[str] = []
+        while "kv_cache_saturated" not in active and time.monotonic() - started < 60:
+            time.sleep(1)
+            assert main(["report", "--url", sidecar.url, "--json"]) == 0
+            active = [v["condition"] for v in json.loads(capsys.readouterr().out)["conditions"] if v["state"] == "active"]
+        assert "kv_cache_saturated" in active, active
+    finally:
+        sidecar.process.kill()
 
 
 @pytest.mark.parametrize(

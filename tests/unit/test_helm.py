@@ -236,13 +236,21 @@ def test_monitoring_scrapes_both_under_the_job_names_the_alerts_use_and_ships_th
     jobs = {e["port"]: e["relabelings"][0]["replacement"] for e in monitor["spec"]["podMetricsEndpoints"]}
     assert jobs == {"http": "vllm", "triage": "vllm-triage"}
     assert f'job="{jobs["http"]}"' == mixin.VLLM_JOB and f'job="{jobs["triage"]}"' == mixin.SIDECAR_JOB
+    assert {e["relabelings"][1]["targetLabel"]: e["relabelings"][1]["replacement"] for e in monitor["spec"]["podMetricsEndpoints"]} == {
+        "vllm_triage_release": "inference/llm"
+    }
     rule = one(objects, "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["spec"] == yaml.safe_load((ROOT / "alerts" / RULES_FILE).read_text())
+    cluster = one(render({**ci_values("default"), "monitoring": {"prometheusRule": {"scope": "cluster"}}}), "PrometheusRule")
+    assert cluster["spec"] == yaml.safe_load((ROOT / "alerts" / RULES_FILE).read_text())
+    scoped = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all('vllm_triage_release="inference/llm"' in r["expr"] for r in scoped)
+    assert all(r["labels"] == {"vllm_triage_release": "inference/llm"} for r in scoped if "record" in r)
     if shutil.which("promtool"):
-        path = tmp_path / "rules.yml"
-        path.write_text(yaml.safe_dump(rule["spec"]))
-        subprocess.run(["promtool", "check", "rules", str(path)], check=True, capture_output=True)
+        for spec in (rule["spec"], cluster["spec"]):
+            path = tmp_path / "rules.yml"
+            path.write_text(yaml.safe_dump(spec))
+            subprocess.run(["promtool", "check", "rules", str(path)], check=True, capture_output=True)
 
 
 TUNED = {
@@ -260,13 +268,28 @@ TUNED = {
 }
 
 
-def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict) -> dict:
-    """The generated promtool tests as the tuned rules must pass them: job names, the extra label, the
-    runbook and dashboard URLs; the disabled alert's and the re-timed alert's cases left out."""
+def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict, release: str = "inference/llm") -> dict:
+    """The generated promtool tests as the tuned rules of `release` must pass them: job names, the extra label, the
+    runbook and dashboard URLs; the disabled alert's and the re-timed alert's cases left out. Every input series is
+    this release's, and once more another release's (its pods named other-*): the alerts are this release's
+    only, once each."""
     left_out = {*tune["disabledAlerts"], *tune["for"]}
     groups = []
     for group in tests["tests"]:
-        text = yaml.safe_dump(group["input_series"])
+        series = [
+            {**s, "series": re.sub(r"^([^{]*)\{?", lambda m: f'{m.group(1)}{{vllm_triage_release="{release}",', s["series"], count=1).replace(",}", "}")}
+            for s in group["input_series"]
+        ] + [  # the other release's pods (other addresses)
+            {
+                **s,
+                "series": re.sub(r"^([^{]*)\{?", lambda m: f'{m.group(1)}{{vllm_triage_release="inference/other",', s["series"], count=1)
+                .replace(",}", "}")
+                .replace('pod="', 'pod="other-')
+                .replace('instance="10.0.', 'instance="10.9.'),
+            }
+            for s in group["input_series"]
+        ]
+        text = yaml.safe_dump(series)
         for default, job in (("vllm-triage", jobs["triage"]), ("vllm", jobs["vllm"])):
             text = text.replace(f'job=\\"{default}\\"', f'job=\\"{job}\\"').replace(f'job="{default}"', f'job="{job}"')
         cases = [case for case in group.get("alert_rule_test", []) if case["alertname"] not in left_out]
@@ -275,7 +298,7 @@ def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict) -> dict:
                 labels = alert["exp_labels"]
                 if "job" in labels:
                     labels["job"] = {"vllm": jobs["vllm"], "vllm-triage": jobs["triage"]}[labels["job"]]
-                labels.update(tune["additionalRuleLabels"])
+                labels.update(tune["additionalRuleLabels"], vllm_triage_release=release)
                 annotations = alert["exp_annotations"]
                 annotations["runbook_url"] = tune["runbookUrlBase"].rstrip("/") + "#" + annotations["runbook_url"].split("#")[1]
                 where = f"var-namespace={labels.get('namespace', '')}&var-pod={labels.get('pod', '')}"
@@ -300,8 +323,9 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert ">= 0.9 and" in kv and ">= 0.8 and" not in kv and ">= 0.99 and" in kv  # the mean tuned, the peak as generated
     assert all(a["labels"]["team"] == "inference" for a in alerts.values())
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
-    assert alerts["VllmTargetDown"]["expr"] == 'up{job="inference/vllm"} == 0 unless on (namespace, pod) vllm_triage_vllm_starting == 1'
-    assert alerts["VllmTriageDown"]["expr"] == 'up{job="inference/vllm-triage"} == 0'
+    mine = 'vllm_triage_release="inference/llm"'
+    assert alerts["VllmTargetDown"]["expr"] == f'up{{{mine}, job="inference/vllm"}} == 0 unless on (namespace, pod) vllm_triage_vllm_starting{{{mine}}} == 1'
+    assert alerts["VllmTriageDown"]["expr"] == f'up{{{mine}, job="inference/vllm-triage"}} == 0'
     overview = release_uid("vllm-triage-overview")
     assert f"{overview}.json" in shipped_dashboards(objects)  # the alert links to this release's own dashboard
     shown = f"https://grafana.example.com/d/{overview}?var-namespace={{{{ $labels.namespace }}}}&var-pod={{{{ $labels.pod }}}}"
@@ -418,6 +442,21 @@ def test_one_scrape_object_at_a_time():
     with pytest.raises(helm_python.HelmError, match="both enabled"):
         render({"monitoring": {"serviceMonitor": {"enabled": True}}})
     assert one(render({"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": False}}}), "ServiceMonitor")
+
+
+def test_two_releases_judge_their_own_pods_and_rules_without_the_charts_scrape_objects_must_say_cluster():
+    """Release-scoped rules select the label only this chart's scrape objects put on the series: without them the rules
+    would judge nothing, silently; refused, saying what to do. With scope cluster they render (for scrape configs of
+    one's own). The promtool side (another release's pods fire nothing here) is in the tuning test above."""
+    no_monitor = {"monitoring": {"podMonitor": {"enabled": False}}}
+    with pytest.raises(helm_python.HelmError, match="set scope: cluster"):
+        render(no_monitor)
+    cluster = one(render({"monitoring": {"podMonitor": {"enabled": False}, "prometheusRule": {"scope": "cluster"}}}), "PrometheusRule")
+    assert not any(
+        "vllm_triage_release" in r["expr"] or ("labels" in r and "vllm_triage_release" in r["labels"]) for g in cluster["spec"]["groups"] for r in g["rules"]
+    )
+    first, second = (one(render(name=name), "PrometheusRule")["spec"] for name in ("llm", "chat"))
+    assert first != second and 'vllm_triage_release="inference/chat"' in yaml.safe_dump(second) and "inference/llm" not in yaml.safe_dump(second)
 
 
 def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):

@@ -13,6 +13,9 @@
 - kv_thrash: the 1B Llama with 128 sequences admitted on 48 blocks of 16, 128 clients of 300 tokens: KV thrash.
 - hung_kernel: the wide model, 8 clients; a 40 s kernel enqueued in the engine core.
 - orphan: the 1B model, 8 clients; then the API server SIGKILLed while its engine core lives on.
+- rollout: recorded from the pod's start: the 1B model loading (vLLM launched 5 s in, answering 107 s later), then 16
+  clients.
+- killed: the 1B model, 16 clients, then every vLLM process SIGKILLed; nothing answers for 3 minutes.
 """
 
 from __future__ import annotations
@@ -337,3 +340,34 @@ def test_an_api_server_killed_while_its_engine_core_lives_on_names_the_orphan_an
     texts = [e.text for e in verdict(first, "vllm_unreachable").evidence]
     assert any("engine_core pid" in t and "outlived its API server and holds 70.0 GiB on GPU 0" in t and "kill -9" in t for t in texts), texts
     assert first.latest["process"][("process_orphaned", (("role", "engine_core"),))] == 1.0
+
+
+def active(snapshot) -> set[str]:
+    return {v.condition for v in snapshot.verdicts if v.active}
+
+
+def test_a_pod_whose_vllm_loads_its_model_is_starting_not_unreachable():
+    """Default settings. The sidecar recorded from the pod's start; vLLM was launched 5 s later and answered 107 s after
+    (the 1B model's real load, CUDA graphs off), then served 16 clients. The truth written before the run: starting
+    while it loads, nothing active. (Serving: gpu_starved, cause python, 80 s in: a 1B model at 16 clients keeps the
+    engine core's thread busy while the H200's SMs idle, as gpu_heavy's decode; the written truth said nothing there.)"""
+    marks = marks_of("rollout")
+    snapshots = replayed("rollout", load(env={}))
+    loading = [s for s in snapshots if s.timestamp < marks["vllm_ready"]]
+    assert loading and all(s.vllm_starting and not active(s) for s in loading), [(s.timestamp, active(s)) for s in loading if active(s)]
+    serving = [s for s in snapshots if s.timestamp > marks["vllm_ready"] + 5]
+    assert serving and not any(s.vllm_starting for s in serving)
+    assert set().union(*map(active, serving)) <= {"gpu_starved"}
+
+
+def test_vllm_killed_is_unreachable_within_35_s_and_held_while_nothing_answers():
+    """Default settings. Every vLLM process SIGKILLed after a minute of 16 clients: nothing listens, the GPU's memory
+    is freed. The truth written before the run: vllm_unreachable within 35 s, held to the end; no engine_wedged."""
+    marks = marks_of("killed")
+    snapshots = replayed("killed", load(env={}))
+    first = first_active(snapshots, "vllm_unreachable", marks["vllm_killed"], marks["end"] + 30)
+    assert first is not None and first.timestamp - marks["vllm_killed"] <= 35, first and first.timestamp - marks["vllm_killed"]
+    assert all(verdict(s, "vllm_unreachable").active for s in snapshots if s.timestamp >= first.timestamp)
+    assert not [s.timestamp for s in snapshots if verdict(s, "engine_wedged").active]
+    assert not [s.timestamp for s in snapshots if s.timestamp < marks["vllm_killed"] and active(s)]
+    assert first.primary == "vllm_unreachable" and not first.vllm_starting

@@ -74,10 +74,20 @@ Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMon
     - action: replace
       targetLabel: job
       replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . "http") }}
+    - action: replace
+      targetLabel: vllm_triage_release
+      replacement: {{ include "vllm-triage.releaseLabel" $.root }}
   {{- if and (eq . "triage") $.root.Values.monitoring.triageEndpoint }}
   {{- toYaml $.root.Values.monitoring.triageEndpoint | nindent 2 }}
   {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The release's own label on what its scrape objects collect (monitoring.prometheusRule.scope: release): namespace/name.
+*/}}
+{{- define "vllm-triage.releaseLabel" -}}
+{{- printf "%s/%s" .Release.Namespace .Release.Name }}
 {{- end }}
 
 {{/*
