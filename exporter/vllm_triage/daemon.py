@@ -20,6 +20,7 @@ from . import html_report
 from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
+from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, Reading, Snapshot
 from .pipeline import Pipeline, replay
@@ -208,30 +209,33 @@ class Daemon:
 
     async def _tick(self) -> None:
         await self._in_pipeline(self._tick_if_fed)
-        self._dump_if_wedged()
+        self._dump_stacks_if_asked()
 
-    def _dump_if_wedged(self) -> None:
-        """Once per activation of engine_wedged, take the engine core's Python stacks (py-spy dump): the
-        page then says where it is stuck. Only where py-spy may run (the gil source is on) and vLLM is live."""
+    def _dump_stacks_if_asked(self) -> None:
+        """Once per activation of a condition that asks for stacks (Condition.stack_dump_role: engine_wedged), take that
+        process's Python stacks (py-spy dump): the page then says where it is stuck. Only where py-spy may run (the gil
+        source is on) and vLLM is live."""
         if self.config.demo or GIL_SOURCE not in self.config.sources or self.snapshot is None:
             return
-        wedged = next((v for v in self.snapshot.verdicts if v.condition == "engine_wedged" and v.active), None)
-        if wedged is None or wedged.since == self._dumped_for or (self._dumping is not None and not self._dumping.done()):
+        asking = next((v for v in self.snapshot.verdicts if v.active and CONDITIONS_BY_ID[v.condition].stack_dump_role), None)
+        if asking is None or asking.since == self._dumped_for or (self._dumping is not None and not self._dumping.done()):
             return
-        self._dumped_for = wedged.since
+        self._dumped_for = asking.since
+        role = CONDITIONS_BY_ID[asking.condition].stack_dump_role
         processes = self.pipeline.store.latest(PROCESS_SOURCE)
-        cores = [p for p in (processes.meta.get("processes", []) if processes else []) if p.get("role") == "engine_core"]
-        if not cores:
-            self.stack_dumps = ({"condition": "engine_wedged", "error": "no engine core process is visible (is the process namespace shared?)"},)
+        found = [p for p in (processes.meta.get("processes", []) if processes else []) if p.get("role") == role]
+        if not found:
+            self.stack_dumps = ({"condition": asking.condition, "error": f"no {role} process is visible (is the process namespace shared?)"},)
             return
-        self._dumping = asyncio.create_task(self._dump(cores[0]))
+        self._dumping = asyncio.create_task(self._dump(asking.condition, found[0]))
 
-    async def _dump(self, process: dict[str, object]) -> None:
+    async def _dump(self, condition: str, process: dict[str, object]) -> None:
         pid = int(str(process["pid"]))
         taken_at = self.clock()
         result = await dump_stacks(pid)
-        self.stack_dumps = ({"condition": "engine_wedged", "role": "engine_core", "pid": pid, "status": process.get("status"), "taken_at": taken_at, **result},)
-        log.warning("engine_wedged: stacks of the engine core (pid %d): %s", pid, result.get("stacks", result.get("error", ""))[:2000])
+        role = process.get("role")
+        self.stack_dumps = ({"condition": condition, "role": role, "pid": pid, "status": process.get("status"), "taken_at": taken_at, **result},)
+        log.warning("%s: stacks of the %s (pid %d): %s", condition, role, pid, result.get("stacks", result.get("error", ""))[:2000])
 
     async def _demo_loop(self) -> None:
         """Replay a capture at real speed onto the wall clock, looping forever."""

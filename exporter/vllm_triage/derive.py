@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .diagnosis.inputs import Notes, ScopedSignals, TickInputs
 from .discovery import Discovery, discover
-from .model import VLLM_SOURCE, SeriesKey, SourceHealth
+from .model import GPU_SOURCE, VLLM_SOURCE, SeriesKey, SourceHealth
 from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
 from .signals.window import compute_signals
@@ -18,8 +19,6 @@ from .store import Store
 DEFAULT_STALE_AFTER_SECONDS = 15.0
 # Signals judged once for the server, not per scope (vllm_unreachable reads them).
 GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
-
-ScopedSignals = dict[str, dict[str, float | None]]  # scope -> signal -> value (None: cannot be computed)
 
 
 @dataclass
@@ -60,6 +59,13 @@ class Derived:
             if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and self.fresh.get(spec.name)):
                 beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
         return {scope: {**values, **beside} for scope, values in self.signals_for(VLLM_SOURCE, window).items()}
+
+    def inputs(self, wants: set[tuple[str, float]]) -> TickInputs:
+        """The judge's values: each (scope kind, window) it wants, computed now, and what discovery says."""
+        scoped = {(kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants)}
+        found = self.discovery
+        notes = Notes(found.max_num_seqs, found.max_num_seqs_text, tuple(found.host_notes()), tuple(found.orphan_notes()))
+        return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 
     def latest_exported(self) -> dict[str, dict[SeriesKey, float]]:
         """The last ok reading of each source exported as read (SourceSpec.exports_latest)."""

@@ -64,8 +64,22 @@ class Pipeline:
 
 
 def evaluate(engine: Engine, store: Store, now: float) -> Snapshot:
-    """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), then judge it."""
-    return engine.judge(derive(store, now, engine.configured_max_num_seqs, engine.stale_after))
+    """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), hand the judge the
+    values its conditions declare, and assemble the Snapshot."""
+    derived = derive(store, now, engine.configured_max_num_seqs, engine.stale_after)
+    judgement = engine.judge(derived.inputs(engine.wants()))
+    return Snapshot(
+        timestamp=now,
+        signals=derived.shown(engine.window_seconds),
+        verdicts=judgement.verdicts,
+        primary=judgement.primary,
+        sources=derived.sources,
+        evaluations=judgement.evaluations,
+        window_seconds=engine.window_seconds,
+        discovery=derived.discovery.to_json(),
+        latest=derived.latest_exported(),
+        vllm_starting=judgement.vllm_starting,
+    )
 
 
 def replay(readings: list[Reading], config: Config, on_tick: Callable[[Snapshot], None], until: float | None = None) -> Snapshot | None:

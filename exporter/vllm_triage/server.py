@@ -17,6 +17,7 @@ from typing import Generic, Protocol, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from .diagnosis.conditions import CONDITIONS_BY_ID
 from .model import Snapshot, diagnosis_json
 from .report import format_report
 
@@ -199,15 +200,16 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
         return web.Response(text="ready\n")
 
     async def engine_liveness(_: web.Request) -> web.StreamResponse:
-        # For a liveness probe on vLLM's container: only a judged engine_wedged fails it (a sidecar starting,
-        # or a vLLM it cannot reach, never restarts vLLM: vLLM's own /health covers a dead server).
+        # For a liveness probe on vLLM's container: only a judged hang fails it (Condition.fails_engine_liveness:
+        # engine_wedged); a sidecar starting, or a vLLM it cannot reach, never restarts vLLM: vLLM's own /health covers a
+        # dead server.
         if not outlets.engine_liveness_endpoint:
             return web.Response(status=404, text="off: set engine_liveness_endpoint: true in the sidecar's config\n")
         snapshot = outlets.snapshot
-        wedged = next((v for v in snapshot.verdicts if v.condition == "engine_wedged" and v.active), None) if snapshot else None
-        if wedged is not None:
-            said = "; ".join(e.text for e in wedged.evidence if e.holds or e.signal == "host_engine_core_stopped")
-            return web.Response(status=503, text=f"engine_wedged (cause {wedged.cause}): {said}\n")
+        hung = next((v for v in snapshot.verdicts if v.active and CONDITIONS_BY_ID[v.condition].fails_engine_liveness), None) if snapshot else None
+        if hung is not None:
+            said = "; ".join(e.text for e in hung.evidence if e.holds or e.signal == "host_engine_core_stopped")
+            return web.Response(status=503, text=f"{hung.condition} (cause {hung.cause}): {said}\n")
         return web.Response(text="ok\n")
 
     async def diagnosis(_: web.Request) -> web.StreamResponse:

@@ -49,6 +49,14 @@ class Condition:
     # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
     # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
     contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None
+    # What discovery found that its evidence names: "max_num_seqs" (its value and where it came from), "host" (vLLM's
+    # processes, their busiest threads, the functions holding the GIL), "orphans" (processes that outlived their API
+    # server and the GPU memory they hold, while it holds).
+    notes: tuple[str, ...] = ()
+    # The role whose Python stacks the daemon takes once when the verdict becomes active (py-spy dump): where it is stuck.
+    stack_dump_role: str | None = None
+    # While active it fails /engine-liveness (opt-in, a liveness probe on vLLM's container): restarting vLLM is its fix.
+    fails_engine_liveness: bool = False
 
 
 @dataclass(frozen=True)
@@ -683,6 +691,7 @@ _CAPACITY_ACTIONS = (
 CONDITIONS: tuple[Condition, ...] = (
     Condition(
         id="vllm_unreachable",
+        notes=("orphans",),
         layer="1",
         severity="critical",
         summary="vLLM's /metrics endpoint is failing",
@@ -715,6 +724,8 @@ CONDITIONS: tuple[Condition, ...] = (
     ),
     Condition(
         id="engine_wedged",
+        stack_dump_role="engine_core",
+        fails_engine_liveness=True,
         layer="1+3",
         severity="critical",
         summary="Requests are pending and the engine produces no tokens: it is hung",
@@ -785,6 +796,7 @@ CONDITIONS: tuple[Condition, ...] = (
     ),
     Condition(
         id="kv_cache_saturated",
+        notes=("max_num_seqs",),
         layer="1",
         severity="critical",
         summary="KV cache is full and requests are queueing or being preempted",
@@ -821,6 +833,7 @@ CONDITIONS: tuple[Condition, ...] = (
     ),
     Condition(
         id="queue_backlog",
+        notes=("max_num_seqs",),
         layer="1",
         severity="warning",
         summary="Requests wait in vLLM's queue for most of the window",
@@ -899,6 +912,7 @@ CONDITIONS: tuple[Condition, ...] = (
     ),
     Condition(
         id="client_underload",
+        notes=("max_num_seqs",),
         layer="1+3",
         severity="info",
         summary="Clients send too little concurrency to keep vLLM busy",
@@ -1064,6 +1078,7 @@ CONDITIONS = (
 HOST_CONDITIONS: tuple[Condition, ...] = (
     Condition(
         id="gpu_starved",
+        notes=("host",),
         layer="1+3",
         severity="warning",
         summary="The GPU waits for the CPU side of vLLM",

@@ -1,24 +1,21 @@
-"""Judges the condition table on what each tick derived (derive.py): predicates -> suppression ->
-debounced, ranked verdicts.
+"""Judges the condition table on the values a tick hands it (inputs.TickInputs, built by derive.py): predicates ->
+suppression -> debounced, ranked verdicts.
 
-Pure and deterministic given the store's contents and `now`; every driver (serve, replay, diagnose,
-record) reaches it through Pipeline.evaluate.
+Pure and deterministic given its inputs; every driver (serve, replay, diagnose, record) reaches it through
+Pipeline.evaluate, which assembles the Snapshot.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ..model import GPU_SOURCE, VLLM_SOURCE, Evidence, Snapshot, SourceHealth, Verdict
+from ..model import VLLM_SOURCE, Evidence, SourceHealth, Verdict
 from ..scope import AGGREGATE_SCOPE
 from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY, Condition, ConditionSettings
+from .inputs import Notes, ScopedSignals, TickInputs
 from .judge import Judge, Term
-
-if TYPE_CHECKING:  # the judge is handed what a tick derived; it derives nothing itself
-    from ..derive import Derived, ScopedSignals
-    from ..discovery import Discovery
 
 
 @dataclass
@@ -99,12 +96,14 @@ class _Outcome:
     advice: list[str] = field(default_factory=list)
 
 
-# Conditions whose evidence must say where max_num_seqs came from: those that read it.
-READS_MAX_NUM_SEQS = frozenset(c.id for c in CONDITIONS if {"max_num_seqs", "running_to_max_num_seqs_ratio"} & set(c.reads))
-# Conditions whose evidence names vLLM's processes and their busiest threads.
-READS_HOST = frozenset({"gpu_starved"})
-# Conditions whose evidence names the vLLM processes that outlived their API server (and the GPU memory they hold).
-READS_ORPHANS = frozenset({"vllm_unreachable"})
+@dataclass(frozen=True)
+class Judgement:
+    """What one tick's judging gives the Snapshot."""
+
+    verdicts: tuple[Verdict, ...]  # in table order, ranked (role primary / secondary)
+    primary: str | None
+    vllm_starting: bool
+    evaluations: int
 
 
 class Engine:
@@ -142,14 +141,18 @@ class Engine:
         """How much history the store must keep for the longest window."""
         return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
 
-    def judge(self, derived: Derived) -> Snapshot:
-        """Judge the condition table on what the tick derived: predicates, suppression, debouncing, ranking."""
-        now, health, fresh, found = derived.now, derived.health, derived.fresh, derived.discovery
+    def wants(self) -> set[tuple[str, float]]:
+        """The (scope kind, window) pairs the enabled conditions are judged on: what TickInputs.scoped must hold."""
+        return {(c.scope_kind, self.settings[c.id].window_seconds) for c in self.conditions if c.scope_kind != "global"}
+
+    def judge(self, inputs: TickInputs) -> Judgement:
+        """Judge the condition table on one tick's values: predicates, suppression, debouncing, ranking."""
+        now, health, fresh = inputs.now, inputs.health, inputs.fresh
         outcomes = {}
         for condition in self.conditions:
             settings = self.settings[condition.id]
-            per_scope = self._scoped_signals(condition, derived, settings.window_seconds)
-            outcomes[condition.id] = self._judge(condition, settings, per_scope, derived.global_signals, health, fresh, found)
+            per_scope = {} if condition.scope_kind == "global" else inputs.scoped[(condition.scope_kind, settings.window_seconds)]
+            outcomes[condition.id] = self._judge(condition, settings, per_scope, inputs.global_signals, health, fresh, inputs.notes)
         _suppress(outcomes)
 
         verdicts = []
@@ -189,26 +192,16 @@ class Engine:
             )
         verdicts = rank(verdicts)
         self.evaluations += 1
-        return Snapshot(
-            timestamp=now,
-            signals=derived.shown(self.window_seconds),
-            verdicts=tuple(verdicts),
-            primary=next((v.condition for v in verdicts if v.role == "primary"), None),
-            sources=derived.sources,
-            evaluations=self.evaluations,
-            window_seconds=self.window_seconds,
-            discovery=found.to_json(),
-            latest=derived.latest_exported(),
-            vllm_starting=self._vllm_starting(derived),
-        )
+        primary = next((v.condition for v in verdicts if v.role == "primary"), None)
+        return Judgement(tuple(verdicts), primary, self._vllm_starting(inputs), self.evaluations)
 
-    def _vllm_starting(self, derived: Derived) -> bool:
+    def _vllm_starting(self, inputs: TickInputs) -> bool:
         """vLLM has not answered once since the sidecar started, within vllm_unreachable's startup grace: a pod
         start or a rollout loading its model, not an outage (alert rules on vLLM's own target stay silent)."""
         settings = self.settings.get("vllm_unreachable")
         thresholds = settings.thresholds if settings is not None else {t.name: t.default for t in CONDITIONS_BY_ID["vllm_unreachable"].thresholds}
-        down = derived.global_signals.get("vllm_down_seconds")
-        never = derived.health[VLLM_SOURCE].last_success_timestamp is None
+        down = inputs.global_signals.get("vllm_down_seconds")
+        never = inputs.health[VLLM_SOURCE].last_success_timestamp is None
         return never and (down or 0.0) < thresholds["startup_grace_seconds"]
 
     @staticmethod
@@ -219,16 +212,7 @@ class Engine:
             f"{now - (health.failing_since or now):.0f} s ago ({health.last_error_reason}: {health.last_error})"
         )
 
-    @staticmethod
-    def _scoped_signals(condition: Condition, derived: Derived, window: float) -> ScopedSignals:
-        """The scopes a condition is judged in, each with the signals it may read."""
-        if condition.scope_kind == "gpu":
-            return derived.signals_for(GPU_SOURCE, window)
-        if condition.scope_kind == "global":
-            return {}
-        return derived.engine_scoped(window)
-
-    def _why_missing(self, name: str, health: dict[str, SourceHealth]) -> str:
+    def _why_missing(self, name: str, health: Mapping[str, SourceHealth]) -> str:
         if self.sources is not None and name not in self.sources:
             return f"source {name} is {self.absent_reason}"
         if name in health and health[name].up is False:
@@ -239,11 +223,11 @@ class Engine:
         self,
         condition: Condition,
         settings: ConditionSettings,
-        per_scope: dict[str, dict[str, float | None]],
-        global_signals: dict[str, float | None],
-        health: dict[str, SourceHealth],
-        fresh: dict[str, bool],
-        found: Discovery,
+        per_scope: ScopedSignals,
+        global_signals: Mapping[str, float | None],
+        health: Mapping[str, SourceHealth],
+        fresh: Mapping[str, bool],
+        notes: Notes,
     ) -> _Outcome:
         down = [name for name in condition.sources if not fresh.get(name)]
         if down:
@@ -252,8 +236,8 @@ class Engine:
         if condition.scope_kind == "global":
             judge = Judge(global_signals, settings.thresholds, "", health)
             term = condition.predicate(judge)
-            if condition.id in READS_ORPHANS and term.holds:
-                for text in found.orphan_notes():
+            if "orphans" in condition.notes and term.holds:
+                for text in notes.orphans:
                     judge.note(text)
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
         scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
@@ -267,10 +251,10 @@ class Engine:
         results: list[tuple[str, Term, Judge]] = []
         for scope in scopes:
             judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope, active=self._debounce[condition.id].judged == "active")
-            if condition.id in READS_MAX_NUM_SEQS:
-                judge.note(found.max_num_seqs_text, "max_num_seqs", found.max_num_seqs)
-            if condition.id in READS_HOST:
-                for text in found.host_notes():
+            if "max_num_seqs" in condition.notes:
+                judge.note(notes.max_num_seqs_text, "max_num_seqs", notes.max_num_seqs)
+            if "host" in condition.notes:
+                for text in notes.host:
                     judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]
