@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS, Condition
+from vllm_triage.diagnosis.conditions import CONDITIONS, Condition, gpu
 from vllm_triage.exposition import exported_signal
 
 from .rules import RECORDING_RULES, RUNBOOK_URL
@@ -496,7 +496,7 @@ FAMILIES = (
     ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
     ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective", "spec_decode_ineffective")),
     ("Host", ("gpu_starved",)),
-    ("GPU", tuple(c.id for c in GPU_CONDITIONS)),
+    ("GPU", tuple(c.id for c in gpu.CONDITIONS)),
 )
 
 

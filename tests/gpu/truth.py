@@ -9,12 +9,12 @@ from pathlib import Path
 
 from vllm_triage.capture import read_readings
 from vllm_triage.config import Config, load
-from vllm_triage.diagnosis.conditions import CONDITIONS, GPU_CONDITIONS
+from vllm_triage.diagnosis.conditions import CONDITIONS, gpu
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
 from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS
 
-GPU_IDS = {c.id for c in GPU_CONDITIONS}
+GPU_IDS = {c.id for c in gpu.CONDITIONS}
 
 # Short windows so that 30-40 s phases have a steady part; thresholds keep their defaults.
 REPLAY_CONFIG = """

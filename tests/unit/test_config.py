@@ -190,7 +190,11 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage",
         "vllm_triage.config",
         "vllm_triage.diagnosis",
+        "vllm_triage.diagnosis.condition",
         "vllm_triage.diagnosis.conditions",
+        "vllm_triage.diagnosis.conditions.gpu",
+        "vllm_triage.diagnosis.conditions.host",
+        "vllm_triage.diagnosis.conditions.vllm",
         "vllm_triage.diagnosis.judge",
         "vllm_triage.model",
     }

@@ -519,3 +519,14 @@ def test_a_stopped_engine_core_that_runs_again_with_its_clients_gone_is_no_longe
             assert "inactive" in states[:6] and states[-1] == "active", states  # it ran (cleared after clear_for), then stood still again
         else:
             assert set(states) == {"inactive"}, states  # at once, and for the next two minutes
+
+
+def test_precedence_ranks_every_condition_once_and_suppression_names_conditions_that_exist():
+    """One table each, checked against the conditions: a condition missing from PRECEDENCE would rank last unseen, a
+    misspelt id in SUPPRESSED_BY would suppress nothing."""
+    from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY
+
+    assert sorted(PRECEDENCE) == sorted(c.id for c in CONDITIONS) and len(set(PRECEDENCE)) == len(PRECEDENCE)
+    assert all(c in CONDITIONS_BY_ID and all(o in CONDITIONS_BY_ID and o != c for o, _ in by) for c, by in SUPPRESSED_BY.items())
+    # what explains a condition's evidence ranks before it: the primary is never the suppressed one
+    assert all(PRECEDENCE.index(o) < PRECEDENCE.index(c) for c, by in SUPPRESSED_BY.items() for o, _ in by)

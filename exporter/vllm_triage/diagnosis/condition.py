@@ -1,0 +1,74 @@
+"""A condition's type and its settings: what the table (conditions/) is made of and what the config file overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..model import VLLM_SOURCE
+from .judge import Judge, Term
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    default: float
+    description: str
+    minimum: float = 0.0
+    maximum: float | None = None
+
+
+@dataclass(frozen=True)
+class Condition:
+    id: str
+    layer: str  # "1" vLLM metrics, "3" GPU/host, "1+3" both (DIAGNOSIS.md's layers)
+    severity: str  # critical | warning | info
+    summary: str
+    meaning: str  # what it says about the server, for the report and the runbook
+    next_actions: tuple[str, ...]
+    predicate: Callable[[Judge], Term]
+    thresholds: tuple[Threshold, ...] = ()
+    for_seconds: float = 60.0
+    clear_seconds: float = 60.0
+    sources: tuple[str, ...] = (VLLM_SOURCE,)  # a source that is down makes the condition `unknown`
+    # The signals the predicate (and `contradicted`) reads, the most telling first: the conditions
+    # dashboard shows the first exported ones. Checked against the signal tables and against what the
+    # predicates read replaying the real captures (tests/unit/test_condition_reads.py).
+    reads: tuple[str, ...] = ()
+    causes: tuple[str, ...] = ()
+    dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
+    # Its own default window, where the global window_seconds could be too short for its thresholds.
+    window_seconds: float | None = None
+    scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
+    # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
+    # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
+    contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None
+    # What discovery found that its evidence names: "max_num_seqs" (its value and where it came from), "host" (vLLM's
+    # processes, their busiest threads, the functions holding the GIL), "orphans" (processes that outlived their API
+    # server and the GPU memory they hold, while it holds).
+    notes: tuple[str, ...] = ()
+    # The role whose Python stacks the daemon takes once when the verdict becomes active (py-spy dump): where it is stuck.
+    stack_dump_role: str | None = None
+    # While active it fails /engine-liveness (opt-in, a liveness probe on vLLM's container): restarting vLLM is its fix.
+    fails_engine_liveness: bool = False
+
+
+@dataclass(frozen=True)
+class ConditionSettings:
+    """A condition's defaults merged with the user's overrides (config.py validates them)."""
+
+    enabled: bool
+    for_seconds: float
+    clear_seconds: float
+    window_seconds: float
+    thresholds: dict[str, float]
+
+
+def default_settings(condition: Condition, window_seconds: float) -> ConditionSettings:
+    return ConditionSettings(
+        enabled=True,
+        for_seconds=condition.for_seconds,
+        clear_seconds=condition.clear_seconds,
+        window_seconds=condition.window_seconds or window_seconds,
+        thresholds={t.name: t.default for t in condition.thresholds},
+    )

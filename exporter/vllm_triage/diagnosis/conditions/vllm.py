@@ -1,0 +1,891 @@
+"""Layer 1: the conditions judged on vLLM's own /metrics (with the host's and the GPUs' readings beside them where a
+cause needs them), each entry beside its predicate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ...model import VLLM_SOURCE
+from ..condition import Condition, Threshold
+from ..judge import Judge, Term, all_of, any_of, sm_activity_words
+
+
+def _vllm_unreachable(j: Judge) -> Term:
+    down = j.value("vllm_down_seconds")
+    if down is None:
+        return j.fact(None, "vLLM has not been scraped yet", "vllm_down_seconds")
+    if not (scrape := j.health.get(VLLM_SOURCE)) or scrape.up is not False:
+        return j.fact(False, "vLLM's last scrape succeeded", "vllm_down_seconds", down)
+    # A gap shorter than stale_after is ridden through (a slow scrape is no outage); a vLLM never read is
+    # an outage from the start.
+    stale = j.signals.get("vllm_stale_after_seconds") or 0.0
+    never = scrape.last_success_timestamp is None
+    if never:
+        # A vLLM that never answered is loading its model (minutes; the chart's startup probe allows 30): it is starting,
+        # not down, until the startup grace has passed. A pod start or a rollout pages nobody.
+        grace = j.thresholds["startup_grace_seconds"]
+        term = j.compare("vllm_down_seconds", ">=", "startup_grace_seconds", "vLLM has not answered once since the sidecar started, for", " s")
+        if not term.holds:
+            j.note(f"starting: vLLM is loading (no answer yet); unreachable only after {grace:.0f} s without one (startup_grace_seconds)")
+        j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+        return term
+    limit = None if stale <= j.thresholds["down_seconds_min"] else stale
+    term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s", limit=limit)
+    if limit is not None:
+        j.note(f"a gap shorter than stale_after ({stale:.0f} s) is ridden through", "vllm_stale_after_seconds", stale)
+    j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+    return term
+
+
+VLLM_UNREACHABLE = Condition(
+    id="vllm_unreachable",
+    notes=("orphans",),
+    layer="1",
+    severity="critical",
+    summary="vLLM's /metrics endpoint is failing",
+    meaning=(
+        "The sidecar cannot read vLLM's metrics: the server is down, restarting, hung or unreachable, "
+        "or its page is over the sidecar's limits (the evidence gives the last error)."
+    ),
+    next_actions=(
+        "Is the server up? Check the pod's restarts and the vLLM container's logs.",
+        "Look for OOM kills (kubectl describe pod; dmesg) and CUDA errors in the log.",
+        "An engine core or worker outlived its API server (the evidence names its pid and GPU memory; "
+        "vllm_triage_process_orphaned): it keeps the GPU, so the restarted server cannot allocate: kill it.",
+        "Last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
+        "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
+    ),
+    predicate=_vllm_unreachable,
+    reads=("vllm_down_seconds", "vllm_stale_after_seconds"),
+    thresholds=(
+        Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),
+        Threshold(
+            "startup_grace_seconds",
+            1800.0,
+            "before vLLM's first answer: seconds without one after which it is unreachable, not starting (the chart's vllm.startupSeconds)",
+        ),
+    ),
+    for_seconds=15,
+    clear_seconds=30,
+    sources=(),
+    scope_kind="global",
+)
+
+
+def _engine_wedged(j: Judge) -> Term:
+    # A prefill produces no token until it completes (vLLM counts prompt tokens at the first output
+    # token): a server whose prefills take long may stand still that long, so the bar rises with them.
+    prefill = j.signals.get("prefill_time_seconds_p95")
+    limit = None
+    if prefill is not None and prefill * j.thresholds["prefill_p95_multiple"] > j.thresholds["stalled_seconds_min"]:
+        limit = prefill * j.thresholds["prefill_p95_multiple"]
+        j.note(f"prefills take up to {prefill:.1f} s (p95 in the window): a stall counts from {limit:.0f} s", "prefill_time_seconds_p95", prefill)
+    stalled = j.compare("seconds_stalled_with_requests_pending", ">=", "stalled_seconds_min", "requests pending and no token produced for", " s", limit=limit)
+    # A kernel resident on the GPU that computes nothing while no token comes: vLLM's gauges never see the requests
+    # that arrive behind it (a real H200 run: running read 0 throughout while 8 clients waited), the GPU does.
+    if j.signals.get("gpu_utilization_ratio_recent") is not None and j.signals.get("gpu_sm_active_ratio_recent") is not None:
+        stalled = any_of(
+            stalled,
+            all_of(
+                j.compare("seconds_since_last_token", ">=", "stalled_seconds_min", "no token produced for", " s", limit=limit),
+                j.compare("gpu_utilization_ratio_recent", ">=", "resident_utilization_min", "util.gpu over the last 10 s (a kernel resident)", upper=1.0),
+                j.compare("gpu_sm_active_ratio_recent", "<=", "hung_sm_active_max", "GPM SM activity over the last 10 s (computing nothing)", upper=1.0),
+            ),
+        )
+    # A stopped engine core runs no code whatever vLLM's gauges say: the host's view alone is enough.
+    stopped_for = j.signals.get("host_engine_core_stopped_seconds")
+    if stopped_for:
+        stalled = any_of(
+            stalled, j.compare("host_engine_core_stopped_seconds", ">=", "stalled_seconds_min", "the engine core process has been stopped for", " s")
+        )
+    # A stopped engine core that runs again (SIGCONT): the stall seen before is over. It is hung again only once it has run
+    # for the stall bar with requests still counted pending; and the latch below does not apply (vLLM does not count the
+    # requests its clients gave up during the stop as finished: nothing else would ever end it on an idle server).
+    resumed = j.signals.get("host_engine_core_resumed_seconds")
+    if resumed is not None:
+        stalled = all_of(
+            stalled,
+            j.compare("host_engine_core_resumed_seconds", ">=", "stalled_seconds_min", "the engine core was stopped and has run again for", " s"),
+            j.compare("requests_pending_latest", ">", "pending_latest_min", "requests running or waiting as vLLM counts them since"),
+        )
+    if not stalled.holds and j.active and resumed is None:
+        # Declared hung, it stays so while nothing moves: no token and no request finished (abort included) in
+        # the whole window. In a long hang the readings that saw the requests pending leave the window while
+        # vLLM's gauges read 0.
+        frozen = all_of(
+            j.compare("seconds_since_last_token", ">=", "stalled_seconds_min", "no token produced for", " s", limit=j.signals.get("window_span_seconds")),
+            j.compare("finished_requests_per_second", "<=", "finished_per_second_max", "requests finished per second"),
+        )
+        stalled = any_of(stalled, frozen)
+    if not stalled.holds:
+        return stalled
+    _stall_evidence(j)
+    stopped = j.signals.get("host_engine_core_stopped")
+    cpu = j.signals.get("host_engine_core_cpu_cores_recent")
+    utilization, sm = j.signals.get("gpu_utilization_ratio_recent"), j.signals.get("gpu_sm_active_ratio_recent")
+    resident = utilization is not None and utilization >= j.thresholds["resident_utilization_min"]
+    if stopped:
+        j.cause = "process_stopped"
+        j.note(
+            "cause process_stopped: the engine core process is stopped (SIGSTOP, a debugger) or a zombie: it can run no code",
+            "host_engine_core_stopped",
+            stopped,
+        )
+    elif resident and (sm is None or sm <= j.thresholds["hung_sm_active_max"]):  # whether the engine core blocks or spins in its wait
+        j.cause = "hung_kernel"
+        idle = "" if sm is None else f", SMs {sm:.2f} active"
+        j.note(
+            f"cause hung_kernel: util.gpu {utilization:.2f} over the last 10 s{idle}: a kernel is resident and does not finish (a hung kernel, "
+            "or a collective waiting for a peer that never comes), and the engine core waits for it",
+            "gpu_utilization_ratio_recent",
+            utilization,
+        )
+    elif cpu is not None and cpu < j.thresholds["idle_cpu_cores_max"]:
+        j.cause = "blocked"
+        j.note(
+            f"cause blocked: the engine core uses {cpu:.2f} cores over the last 10 s: it waits on something (a lock, a peer, I/O)",
+            "host_engine_core_cpu_cores_recent",
+            cpu,
+        )
+    elif cpu is not None:
+        j.cause = "spinning"
+        j.note(
+            f"cause spinning: the engine core uses {cpu:.2f} cores over the last 10 s and produces nothing (a busy loop, a hung collective)",
+            "host_engine_core_cpu_cores_recent",
+            cpu,
+        )
+    else:
+        j.cause = "unknown"
+        j.note("cause unknown: the engine core's process is not visible (share the pod's process namespace)")
+    if utilization is not None and j.cause != "hung_kernel":
+        what = "a kernel is resident and does not finish" if resident else "nothing runs on it" if utilization < 0.1 else "it is partly busy"
+        j.note(f"util.gpu {utilization:.2f} over the last 10 s: {what}", "gpu_utilization_ratio_recent", utilization)
+    return stalled
+
+
+def _stall_evidence(j: Judge) -> None:
+    """What the host and vLLM's own counters say about the stall, and where vLLM's gauges contradict them."""
+    thread = j.signals.get("host_engine_core_busiest_thread_cpu_ratio")
+    if thread is not None:
+        j.note(f"the engine core's busiest thread uses {thread:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", thread)
+    stuck, running = j.signals.get("requests_stalled"), j.signals.get("requests_running_min")
+    pending_now = (j.signals.get("requests_running_max") or 0) + (j.signals.get("requests_waiting_max") or 0)
+    if stuck and running is not None and running < stuck:
+        j.note(
+            f"{stuck:.0f} requests were pending when the token counters froze and none finished since, yet vLLM's running gauge read "
+            f"{running:.0f}: the gauge lies in a hang (it drops while no request finishes)",
+            "requests_stalled",
+            stuck,
+        )
+    elif stuck:
+        j.note(f"{stuck:.0f} requests pending and not finished since the token counters froze", "requests_stalled", stuck)
+    elif not pending_now:
+        j.note("vLLM's gauges show nothing pending: the stall is judged by the host alone")
+    since = j.signals.get("seconds_since_last_token")
+    if since is not None:
+        j.note(f"last token {since:.0f} s ago", "seconds_since_last_token", since)
+
+
+ENGINE_WEDGED = Condition(
+    id="engine_wedged",
+    stack_dump_role="engine_core",
+    fails_engine_liveness=True,
+    layer="1+3",
+    severity="critical",
+    summary="Requests are pending and the engine produces no tokens: it is hung",
+    meaning=(
+        "vLLM's API server still answers (its /health says 200 and /metrics shows the last gauges) but the engine "
+        "core has produced no token while requests wait or run: it is stopped, deadlocked or stuck in a step. "
+        "Clients hang until their timeouts; nothing recovers by itself."
+    ),
+    next_actions=(
+        "See where it is stuck: the stack dump /diagnosis attaches (stack_dumps), or `py-spy dump --pid <engine core pid>`.",
+        "cause=process_stopped: something sent SIGSTOP or a debugger holds it: `kill -CONT <pid>`; find who stopped it.",
+        "cause=blocked: a deadlock or a lost peer (tensor-parallel worker, KV transfer): the dump shows the lock or "
+        "the collective; check the workers' logs and NCCL; restart the pod.",
+        "cause=hung_kernel: a GPU kernel or collective never finishes (util.gpu stays near 1 with idle SMs): the dump shows the "
+        "engine core waiting in a synchronize; check the kernel log for Xid errors and NCCL peers; restart the pod (the GPU may need a reset).",
+        "cause=spinning: a busy loop or a hung GPU collective: check the GPU's SM activity and NCCL; restart the pod.",
+        "Restart vLLM (a liveness probe on the sidecar's /engine-liveness restarts it for you: engine_liveness_endpoint).",
+    ),
+    predicate=_engine_wedged,
+    reads=(
+        "seconds_stalled_with_requests_pending",
+        "host_engine_core_stopped_seconds",
+        "requests_stalled",
+        "seconds_since_last_token",
+        "window_span_seconds",
+        "finished_requests_per_second",
+        "prefill_time_seconds_p95",
+        "host_engine_core_stopped",
+        "host_engine_core_cpu_cores_recent",
+        "gpu_utilization_ratio_recent",
+        "gpu_sm_active_ratio_recent",
+        "host_engine_core_busiest_thread_cpu_ratio",
+        "requests_running_min",
+        "requests_running_max",
+        "requests_waiting_max",
+        # last: the drill-down plots the first few, and these exist only around a stop
+        "host_engine_core_resumed_seconds",
+        "requests_pending_latest",
+    ),
+    dont=(
+        "Do not trust vLLM's /health alone: the API server answers 200 while its engine core is hung.",
+        "Do not read the frozen gauges (running, waiting, KV usage) as the current load: they hold their last values.",
+    ),
+    thresholds=(
+        Threshold("stalled_seconds_min", 20.0, "seconds with requests pending and no token produced, at or above this"),
+        Threshold("prefill_p95_multiple", 3.0, "or, when higher, this many times the window's prefill p95 (a long prefill produces no token)"),
+        Threshold("idle_cpu_cores_max", 0.05, "cause blocked when the engine core uses fewer cores than this over the last 10 s (else spinning)"),
+        Threshold(
+            "finished_per_second_max",
+            0.0,
+            "once hung, it stays so while no token came in the whole window and no more requests finish per second than this",
+        ),
+        Threshold("pending_latest_min", 0.0, "once a stopped engine core runs again, it is hung only with more requests than this pending"),
+        Threshold("resident_utilization_min", 0.9, "cause hung_kernel when util.gpu over the last 10 s is at or above this (a kernel resident)", 0.0, 1.0),
+        Threshold("hung_sm_active_max", 0.1, "... and GPM SM activity at or below this (it computes nothing)", 0.0, 1.0),
+    ),
+    for_seconds=5,
+    clear_seconds=10,
+    window_seconds=60.0,  # a stall is measured within the window: never shorter than the bar, whatever window_seconds says
+    causes=("process_stopped", "hung_kernel", "blocked", "spinning", "unknown"),
+    contradicted=lambda s: (
+        "tokens are produced again, or nothing is pending"
+        if s.get("seconds_stalled_with_requests_pending") == 0 and not s.get("host_engine_core_stopped")
+        else "the engine core runs again and vLLM counts nothing pending"
+        if s.get("host_engine_core_resumed_seconds") is not None and s.get("requests_pending_latest") == 0
+        else None
+    ),
+)
+
+
+def _kv_cache_saturated(j: Judge) -> Term:
+    # Two ways to know the cache is full. Sampled: usage mostly high and full at least once, with someone
+    # waiting or preempted (each preemption frees a whole request's blocks at once, so a full cache averages
+    # 0.90-0.95 with dips). Invariant: vLLM preempts only when it cannot allocate a block, so sustained
+    # preemptions while requests wait for capacity are saturation whatever the gauge reads; under thrash
+    # the gauge reads 0 at some scrapes and 1.0 at others (window means of 0.64-0.71 on a real engine).
+    usage = all_of(
+        j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0),
+        j.compare(
+            "kv_cache_usage_ratio_max", ">=", "usage_peak_min", "KV cache usage (window peak)", upper=1.0, limit=_full_within_a_block(j, "usage_peak_min")
+        ),
+    )
+    pressure = any_of(
+        j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
+        j.compare("preemptions_per_second", ">", "preemptions_per_second_min", "preemptions per second"),
+    )
+    sampled = all_of(usage, pressure)
+    thrash = _preempting_while_waiting(j)
+    verdict = any_of(sampled, thrash)
+    if thrash.holds and not sampled.holds:
+        low, mean = j.signals.get("kv_cache_usage_ratio_min"), j.signals.get("kv_cache_usage_ratio_mean")
+        if low is not None and mean is not None:
+            j.note(
+                f"vLLM's KV usage gauge read {low:.2f} to full (mean {mean:.2f}) in the window, yet it preempted: it preempts only when "
+                "no block is free, so the gauge is sampled between preemptions and understates the cache",
+                "kv_cache_usage_ratio_min",
+                low,
+            )
+    if verdict.holds:
+        _advise_capacity(j)
+    return verdict
+
+
+def _preempting_while_waiting(j: Judge) -> Term:
+    """Preemptions at a sustained rate while requests wait (for capacity, where vLLM says why they wait)."""
+    preempting = j.compare("preemptions_per_second", ">=", "thrash_preemptions_per_second_min", "preemptions per second (no free KV block each time)")
+    if j.signals.get("requests_waiting_capacity_mean") is not None:
+        waiting = j.compare("requests_waiting_capacity_mean", ">", "waiting_min", "requests waiting for capacity (window mean, vLLM's reason)")
+    else:
+        waiting = j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)")
+    return all_of(preempting, waiting)
+
+
+def _advise_capacity(j: Judge) -> None:
+    """The flag values the observed workload asks for, with their arithmetic: how many requests of the observed
+    length the KV cache holds (--max-num-seqs), how many replicas hold the observed demand, and how much
+    GPU memory NVML still sees free (--gpu-memory-utilization)."""
+    s = j.signals
+    fit, prompt, output = s.get("kv_requests_that_fit"), s.get("prompt_tokens_mean"), s.get("generation_tokens_mean")
+    capacity, block, max_seqs = s.get("kv_capacity_tokens"), s.get("block_size_tokens"), s.get("max_num_seqs")
+    running, waiting = s.get("requests_running_mean"), s.get("requests_waiting_mean")
+    if fit is not None and fit >= 1 and prompt is not None and output is not None and capacity is not None:
+        per_request = f"{math.ceil((prompt + output) / block):.0f} blocks of {block:.0f}" if block else f"{prompt + output:.0f} tokens"
+        if max_seqs is not None and fit < max_seqs:
+            j.advise(
+                f"--max-num-seqs {fit:.0f}: the cache's {capacity:.0f} KV tokens hold {fit:.0f} requests of {prompt:.0f} prompt + "
+                f"{output:.0f} output tokens ({per_request} each); with max_num_seqs {max_seqs:.0f} more are admitted than fit, "
+                "and they are preempted and recomputed. At that cap none is preempted and the rest wait in the queue; fewer run "
+                "at once, so compare tokens/s after the change (more KV, below, keeps both)."
+            )
+        if running is not None and waiting is not None and running + waiting > fit:
+            replicas = math.ceil((running + waiting) / fit)
+            j.advise(
+                f"{replicas} replicas of this size hold the observed demand at once: {running:.1f} running + {waiting:.1f} waiting = "
+                f"{running + waiting:.1f} requests in the system, {fit:.0f} fit in one replica's KV cache."
+            )
+    free, utilization = s.get("gpu_memory_free_ratio"), s.get("gpu_memory_utilization")
+    if free is not None and utilization is not None and 1.0 - free < utilization - 0.02:
+        # On the H200 lent here NVML read 2 % used under a vLLM holding 50 %: a view that misses vLLM's own
+        # allocation says nothing about what is free beside it.
+        j.note(f"no --gpu-memory-utilization advice: NVML reads {1 - free:.0%} used, less than the {utilization:.0%} vLLM reserves")
+    elif free is not None and utilization is not None and free > 0.1:
+        target = min(0.95, utilization + free - 0.05)
+        j.advise(
+            f"--gpu-memory-utilization {target:.2f} (now {utilization:.2f}): NVML shows {free:.0%} of the GPU's memory free; leaving 5 % "
+            "spare, the rest goes to the KV cache (check that nothing else uses this GPU)."
+        )
+
+
+def _full_within_a_block(j: Judge, threshold: str) -> float | None:
+    """A peak threshold no stricter than "one block free": usage moves in steps of one block, and a
+    small saturated cache (47 blocks on a real H200 run: steps of 0.021) is rarely sampled at 1.0."""
+    one_block = j.signals.get("kv_cache_one_block_below_full_ratio")
+    if one_block is None or one_block >= j.thresholds[threshold]:
+        return None
+    j.note(f"full is judged within one KV block: {one_block:.3f} is one block below full", "kv_cache_one_block_below_full_ratio", one_block)
+    return one_block - 1e-9
+
+
+# What _advise_capacity reads beside a condition's own evidence.
+_ADVICE_READS = (
+    "kv_requests_that_fit",
+    "prompt_tokens_mean",
+    "generation_tokens_mean",
+    "kv_capacity_tokens",
+    "block_size_tokens",
+    "gpu_memory_free_ratio",
+    "gpu_memory_utilization",
+)
+
+
+_CAPACITY_ACTIONS = (
+    "Capacity is the limit: lower --max-num-seqs or --max-num-batched-tokens.",
+    "Raise --gpu-memory-utilization if GPU memory allows; use an fp8 KV cache (--kv-cache-dtype fp8).",
+    "Enable prefix caching; route long-context requests elsewhere; add replicas.",
+)
+
+
+KV_CACHE_SATURATED = Condition(
+    id="kv_cache_saturated",
+    notes=("max_num_seqs",),
+    layer="1",
+    severity="critical",
+    summary="KV cache is full and requests are queueing or being preempted",
+    meaning="Every KV block is in use; new requests wait and running ones are preempted (recomputed on V1).",
+    next_actions=_CAPACITY_ACTIONS,
+    predicate=_kv_cache_saturated,
+    reads=(
+        "kv_cache_usage_ratio_mean",
+        "kv_cache_usage_ratio_max",
+        "requests_waiting_mean",
+        "preemptions_per_second",
+        "requests_waiting_capacity_mean",
+        "kv_cache_usage_ratio_min",
+        "kv_cache_one_block_below_full_ratio",
+        "max_num_seqs",
+        "requests_running_mean",
+        *_ADVICE_READS,
+    ),
+    dont=(
+        "Do not judge by GPU memory used: vLLM preallocates gpu_memory_utilization of the card at start. KV usage is the signal.",
+        "There is no vllm:cache_usage metric: it is vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before ~0.10).",
+    ),
+    thresholds=(
+        Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
+        Threshold("usage_peak_min", 0.99, "KV usage window maximum at or above this (the cache filled up)", 0.0, 1.0),
+        Threshold("waiting_min", 0.0, "mean waiting requests above this"),
+        Threshold("preemptions_per_second_min", 0.0, "preemptions per second above this"),
+        Threshold(
+            "thrash_preemptions_per_second_min",
+            0.1,
+            "or, whatever the usage gauge reads: preemptions per second at or above this while requests wait (vLLM preempts only when no block is free)",
+        ),
+    ),
+)
+
+
+def _queue_backlog(j: Judge) -> Term:
+    backlog = j.compare("requests_waiting_nonempty_ratio", ">=", "waiting_share_min", "share of the window's readings with requests waiting", upper=1.0)
+    if backlog.holds and (low := j.signals.get("requests_waiting_min")) == 0:
+        j.note("vLLM's waiting gauge read 0 at some readings of the window: under KV thrash it collapses between scrapes", "requests_waiting_min", low)
+    deferred, waiting = j.signals.get("requests_waiting_deferred_mean"), j.signals.get("requests_waiting_mean")
+    if backlog.holds and deferred is not None and waiting and deferred >= j.thresholds["deferred_share_for_deferred_cause"] * waiting:
+        # vLLM says why they wait (0.26+): deferred requests are not held up by capacity, so no capacity cause applies
+        j.cause = "deferred"
+        j.note(
+            f"cause deferred: {deferred:.1f} of {waiting:.1f} waiting requests are deferred by vLLM (LoRA budget, KV transfer, grammar), "
+            "not waiting for capacity",
+            "requests_waiting_deferred_mean",
+            deferred,
+        )
+    elif backlog.holds:
+        capacity = j.signals.get("requests_waiting_capacity_mean")
+        if capacity is not None:
+            j.note(f"vLLM says {capacity:.1f} of the waiting requests wait for capacity", "requests_waiting_capacity_mean", capacity)
+        usage = j.signals.get("kv_cache_usage_ratio_mean")
+        peak = j.signals.get("kv_cache_usage_ratio_max")
+        running = j.signals.get("requests_running_mean")
+        max_seqs = j.signals.get("max_num_seqs")
+        preemptions = j.signals.get("preemptions_per_second")
+        if preemptions is not None and preemptions >= j.thresholds["preemptions_for_capacity_cause"]:
+            j.cause = "kv_capacity"
+            j.note(
+                f"cause kv_capacity: vLLM preempts {preemptions:.2f} requests per second: it preempts only when no KV block is free",
+                "preemptions_per_second",
+                preemptions,
+            )
+            _advise_capacity(j)
+        elif (
+            usage is not None
+            and peak is not None
+            and usage >= j.thresholds["kv_usage_for_capacity_cause"]
+            and peak >= min(j.thresholds["kv_peak_for_capacity_cause"], (j.signals.get("kv_cache_one_block_below_full_ratio") or 1.0) - 1e-9)
+        ):
+            j.cause = "kv_capacity"
+            j.note(
+                f"cause kv_capacity: KV cache usage averages {usage:.2f} and reached {peak:.2f}: requests wait for KV blocks",
+                "kv_cache_usage_ratio_mean",
+                usage,
+            )
+            _advise_capacity(j)
+        elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
+            j.cause = "concurrency_cap"
+            j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
+            fit = j.signals.get("kv_requests_that_fit")
+            if fit is not None and fit > max_seqs:
+                j.advise(f"--max-num-seqs {fit:.0f}: the KV cache holds {fit:.0f} requests of the observed length, the cap admits {max_seqs:.0f}.")
+        elif (core := j.signals.get("host_engine_core_busiest_thread_cpu_ratio")) is not None and core >= j.thresholds["scheduler_thread_min"]:
+            j.cause = "scheduler_bound"
+            j.note(f"cause scheduler_bound: the engine core's busiest thread uses {core:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", core)
+        else:
+            j.cause = "unknown"
+            j.note("cause unknown: KV cache has room, running is below max_num_seqs, and the engine core is not saturated (or not visible)")
+    return backlog
+
+
+QUEUE_BACKLOG = Condition(
+    id="queue_backlog",
+    notes=("max_num_seqs",),
+    layer="1",
+    severity="warning",
+    summary="Requests wait in vLLM's queue for most of the window",
+    meaning=(
+        "Requests waited at most readings of the window: demand exceeds what the server admits. A single reading of 0 does "
+        "not empty a queue (vLLM's gauge collapses between scrapes under KV thrash)."
+    ),
+    next_actions=(
+        "cause=kv_capacity: KV cache is the limit; see kv_cache_saturated's actions.",
+        "cause=concurrency_cap: running reached max_num_seqs; raise --max-num-seqs if KV cache allows.",
+        "cause=scheduler_bound: the engine core's thread is saturated: see gpu_starved.",
+        "cause=deferred: vLLM defers them (vllm:num_requests_waiting_by_reason): LoRA budget (raise --max-loras), "
+        "KV transfer from a prefill instance (check the connector), structured-output grammar compilation.",
+        "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
+    ),
+    predicate=_queue_backlog,
+    reads=(
+        "requests_waiting_nonempty_ratio",
+        "requests_waiting_min",
+        "preemptions_per_second",
+        "requests_waiting_deferred_mean",
+        "requests_waiting_mean",
+        "requests_waiting_capacity_mean",
+        "requests_running_mean",
+        "kv_cache_usage_ratio_mean",
+        "kv_cache_usage_ratio_max",
+        "kv_cache_one_block_below_full_ratio",
+        "max_num_seqs",
+        "host_engine_core_busiest_thread_cpu_ratio",
+        *_ADVICE_READS,
+    ),
+    dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
+    thresholds=(
+        Threshold("waiting_share_min", 0.6, "share of the window's readings with requests waiting at or above this", 0.0, 1.0),
+        Threshold("preemptions_for_capacity_cause", 0.1, "preemptions per second at or above which the cause is kv_capacity (no free block)"),
+        Threshold("kv_usage_for_capacity_cause", 0.8, "KV usage window mean at or above which the cause is kv_capacity", 0.0, 1.0),
+        Threshold("kv_peak_for_capacity_cause", 0.95, "... and KV usage window peak at or above this", 0.0, 1.0),
+        Threshold("running_ratio_for_cap_cause", 0.9, "else mean running / max_num_seqs at or above which the cause is concurrency_cap", 0.0, 1.0),
+        Threshold(
+            "scheduler_thread_min", 0.85, "else the engine core's busiest thread (share of a core) at or above which the cause is scheduler_bound", 0.0, 1.0
+        ),
+        Threshold(
+            "deferred_share_for_deferred_cause",
+            0.5,
+            "first: deferred / waiting (vLLM's waiting_by_reason) at or above which the cause is deferred",
+            0.0,
+            1.0,
+        ),
+    ),
+    causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "deferred", "unknown"),
+    # The window share already asks for 36 s of queueing in the last minute; the `for` adds persistence on top, so
+    # a queue that never empties is reported 0.6 W + 30 s after it formed (the two together: 66 s of it).
+    for_seconds=30,
+)
+
+
+def _preemption_storm(j: Judge) -> Term:
+    return any_of(
+        j.compare("preemptions_per_second", ">", "preemptions_per_second_max", "preemptions per second"),
+        j.compare(
+            "preemptions_per_finished_request",
+            ">",
+            "preemptions_per_finished_request_max",
+            "preemptions per finished request",
+        ),
+    )
+
+
+PREEMPTION_STORM = Condition(
+    id="preemption_storm",
+    layer="1",
+    severity="warning",
+    summary="vLLM is preempting requests at a high rate",
+    meaning="Running requests lose their KV blocks to make room; V1 recomputes them, burning GPU time twice.",
+    next_actions=(
+        "KV thrashing: same levers as kv_cache_saturated (fewer concurrent sequences, more KV memory).",
+        "V1 engines do not swap, they recompute: swap-space settings will not help.",
+    ),
+    predicate=_preemption_storm,
+    reads=("preemptions_per_second", "preemptions_per_finished_request"),
+    dont=(
+        "Do not tune swap space: V1 engines recompute preempted requests, swap counters exist only on V0.",
+        "Do not reach for --num-scheduler-steps: it exists only on old V0 engines (V1 has async scheduling).",
+    ),
+    thresholds=(
+        Threshold("preemptions_per_second_max", 1.0, "preemptions per second above this"),
+        Threshold("preemptions_per_finished_request_max", 0.05, "preemptions per finished request above this"),
+    ),
+    clear_seconds=120,
+)
+
+
+def _client_underload(j: Judge) -> Term:
+    running = j.value("requests_running_mean")
+    finished = j.value("finished_requests_per_second")
+    if running is None and finished is None:
+        return j.fact(None, "no running/finished request counts", "requests_running_mean")
+    traffic = (running or 0) > 0 or (finished or 0) > 0
+    if not traffic:
+        j.fact(False, "no traffic in the window: the server is idle, not underloaded", "finished_requests_per_second", finished)
+        return Term(False, 0.0)
+    terms = [
+        j.compare("running_to_max_num_seqs_ratio", "<", "running_ratio_max", "mean running / max_num_seqs", upper=1.0),
+        j.compare("requests_waiting_max", "<=", "waiting_max", "requests waiting (window maximum)"),
+    ]
+    if j.signals.get("gpu_sm_activity_ratio") is not None:
+        terms.append(j.compare("gpu_sm_activity_ratio", "<", "sm_activity_max", sm_activity_words(j), upper=1.0))
+    else:
+        j.note("GPU evidence unavailable: judged on vLLM's metrics alone")
+    return all_of(*terms)
+
+
+def _requests_queue(signals: Mapping[str, float | None]) -> str | None:
+    """Requests waiting on average contradict underload: the server turns work away."""
+    waiting = signals.get("requests_waiting_mean")
+    return f"{waiting:.1f} requests waiting on average: the server, not the clients, is the limit" if waiting is not None and waiting >= 1 else None
+
+
+CLIENT_UNDERLOAD = Condition(
+    id="client_underload",
+    notes=("max_num_seqs",),
+    layer="1+3",
+    severity="info",
+    summary="Clients send too little concurrency to keep vLLM busy",
+    meaning="Few requests run at once and none wait: the server is not the bottleneck.",
+    next_actions=(
+        "Raise client concurrency (or batch requests) before tuning vLLM.",
+        "Check the load balancer spreads requests over fewer replicas if this persists.",
+    ),
+    predicate=_client_underload,
+    reads=(
+        "running_to_max_num_seqs_ratio",
+        "requests_waiting_max",
+        "gpu_sm_activity_ratio",
+        "requests_running_mean",
+        "finished_requests_per_second",
+        "requests_waiting_mean",
+        "gpu_sm_activity_from_gpm",
+    ),
+    contradicted=_requests_queue,
+    dont=("Do not tune vLLM first: it is waiting for work.",),
+    thresholds=(
+        Threshold("running_ratio_max", 0.25, "mean running / max_num_seqs below this", 0.0, 1.0),
+        Threshold("waiting_max", 0.0, "waiting requests (window maximum) at most this"),
+        Threshold("sm_activity_max", 0.5, "GPU SM activity below this (when GPU readings exist)", 0.0, 1.0),
+    ),
+    for_seconds=120,
+    clear_seconds=60,
+)
+
+
+def _with_observations(j: Judge, signal: str, what: str) -> bool | None:
+    count = j.value(signal)
+    if count is None:
+        return None
+    if count <= 0:
+        j.fact(False, f"no {what} observed in the window", signal, count)
+        return False
+    return True
+
+
+def _ttft_high(j: Judge) -> Term:
+    seen = _with_observations(j, "ttft_seconds_observations", "first tokens")
+    if seen is not True:
+        return Term(seen, 0.0)
+    term = j.compare("ttft_seconds_p95", ">", "ttft_p95_max_seconds", "TTFT p95", " s")
+    queue, prefill = j.signals.get("queue_time_seconds_mean"), j.signals.get("prefill_time_seconds_mean")
+    if term.holds and queue is not None and prefill is not None:
+        j.cause = "queueing" if queue >= prefill else "prefill"
+        j.note(
+            f"{j.cause} dominates: mean queue time {queue:.3f} s vs mean prefill time {prefill:.3f} s",
+            "queue_time_seconds_mean",
+            queue,
+        )
+    return term
+
+
+TTFT_HIGH = Condition(
+    id="ttft_high",
+    layer="1",
+    severity="warning",
+    summary="Time to first token p95 is above the SLO",
+    meaning="Users wait too long for the first token; the cause says whether queueing or prefill dominates.",
+    next_actions=(
+        "cause=queueing: capacity; see queue_backlog and kv_cache_saturated.",
+        "cause=prefill: long prompts; enable chunked prefill and prefix caching, cap --max-num-batched-tokens.",
+    ),
+    predicate=_ttft_high,
+    reads=("ttft_seconds_p95", "queue_time_seconds_mean", "prefill_time_seconds_mean", "ttft_seconds_observations"),
+    thresholds=(Threshold("ttft_p95_max_seconds", 2.0, "TTFT p95 SLO in seconds"),),
+    causes=("queueing", "prefill"),
+)
+
+
+def _itl_high(j: Judge) -> Term:
+    seen = _with_observations(j, "inter_token_latency_seconds_observations", "inter-token latencies")
+    if seen is not True:
+        return Term(seen, 0.0)
+    high = j.compare("inter_token_latency_seconds_p95", ">", "itl_p95_max_seconds", "inter-token latency p95", " s")
+    if high.holds:
+        _advise_batched_tokens(j)
+    return high
+
+
+# vLLM schedules prefill in chunks of at most --max-num-batched-tokens per step, beside the decodes.
+BATCHED_TOKENS_STEP = 256
+
+
+def _advise_batched_tokens(j: Judge) -> None:
+    """The --max-num-batched-tokens that keeps a step with a prefill chunk within the ITL SLO: decode steps take
+    the ITL's median, and a chunk adds its tokens x the prefill time per prompt token observed."""
+    s = j.signals
+    median, prefill, prompt = s.get("inter_token_latency_seconds_p50"), s.get("prefill_time_seconds_mean"), s.get("prompt_tokens_mean")
+    slo = j.thresholds["itl_p95_max_seconds"]
+    if median is None or prefill is None or not prompt or median >= slo:
+        return
+    per_token = prefill / prompt
+    chunk = int((slo - median) / per_token) // BATCHED_TOKENS_STEP * BATCHED_TOKENS_STEP
+    if chunk >= BATCHED_TOKENS_STEP:
+        j.advise(
+            f"--max-num-batched-tokens {chunk}: decode steps take {median * 1000:.0f} ms (ITL p50) and prefill costs "
+            f"{per_token * 1e6:.0f} us per prompt token ({prefill:.3f} s for {prompt:.0f} tokens on average), so a chunk of "
+            f"{chunk} tokens keeps a step within the {slo * 1000:.0f} ms SLO; longer prompts then take more steps to start."
+        )
+
+
+ITL_HIGH = Condition(
+    id="itl_high",
+    layer="1+3",
+    severity="warning",
+    summary="Inter-token latency p95 is above the SLO",
+    meaning="Tokens stream slowly once generation started.",
+    next_actions=(
+        "Batch too large for the GPU, memory-bound decode, preemptions, or a starved GPU: read the other conditions.",
+        "Lower --max-num-seqs to trade throughput for latency.",
+    ),
+    predicate=_itl_high,
+    reads=(
+        "inter_token_latency_seconds_p95",
+        "inter_token_latency_seconds_observations",
+        "inter_token_latency_seconds_p50",
+        "prefill_time_seconds_mean",
+        "prompt_tokens_mean",
+    ),
+    dont=("Worker CPU near 100 % is not a CPU bottleneck: workers spin while they wait on the GPU.",),
+    thresholds=(Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),),
+)
+
+
+def _request_errors(j: Judge) -> Term:
+    finished = j.value("finished_requests_per_second")
+    if finished is not None and finished <= 0:
+        return j.fact(False, "no request finished in the window", "finished_requests_per_second", finished)
+    return j.compare("request_error_ratio", ">", "error_ratio_max", "share of requests finished with an error", upper=1.0)
+
+
+REQUEST_ERRORS = Condition(
+    id="request_errors",
+    layer="1",
+    severity="warning",
+    summary="Requests finish with errors",
+    meaning="A share of requests ends with finished_reason=error.",
+    next_actions=("Read vLLM's logs; correlate with preemptions and out-of-memory events.",),
+    predicate=_request_errors,
+    reads=("request_error_ratio", "finished_requests_per_second"),
+    thresholds=(Threshold("error_ratio_max", 0.01, "share of finished requests with an error above this", 0.0, 1.0),),
+    clear_seconds=120,
+)
+
+
+def _prefix_cache_ineffective(j: Judge) -> Term:
+    enabled = j.value("prefix_caching_enabled")
+    on = j.fact(None if enabled is None else enabled > 0, f"prefix caching is {'on' if enabled else 'off'}", "prefix_caching_enabled", enabled)
+    if on.holds is not True:
+        return on
+    queried = j.compare("prefix_cache_queries_per_second", ">", "queries_per_second_min", "prefix-cache queries per second")
+    if queried.holds is not True:
+        return queried
+    # Only a cache that has hit before and stopped hitting is ineffective; one that never hit serves
+    # prompts that share no prefix (random or unique prompts), which is expected, not a fault.
+    ever = j.value("prefix_cache_hits_since_start")
+    if ever is not None and ever <= 0:
+        return j.fact(False, "no prompt has reused a cached prefix since vLLM started: expected for unique prompts", "prefix_cache_hits_since_start", ever)
+    computed = j.signals.get("prompt_tokens_local_compute_ratio")
+    if computed is not None:
+        j.note(f"{computed:.0%} of the window's prompt tokens were computed here, not served from a cache", "prompt_tokens_local_compute_ratio", computed)
+    external = j.signals.get("external_prefix_cache_hit_ratio")
+    if external is not None:
+        j.note(f"the external prefix cache (KV connector) hit {external:.0%} of its queries", "external_prefix_cache_hit_ratio", external)
+    if j.signals.get("prompt_tokens_cached_ratio") is not None:  # token-level, local and external caches (vLLM 0.11+)
+        return j.compare("prompt_tokens_cached_ratio", "<", "hit_ratio_max", "share of prompt tokens served from a cache", upper=1.0)
+    return j.compare("prefix_cache_hit_ratio", "<", "hit_ratio_max", "prefix-cache hit ratio", upper=1.0)
+
+
+PREFIX_CACHE_INEFFECTIVE = Condition(
+    id="prefix_cache_ineffective",
+    layer="1",
+    severity="info",
+    summary="Prefix caching stopped hitting",
+    meaning="The prefix cache has hit since vLLM started but now almost never does: pressure evicts cached blocks before reuse, or the traffic changed.",
+    next_actions=(
+        "The cache hit before and stopped: KV pressure evicts the shared prefixes (see kv_cache_saturated), or the "
+        "traffic changed (a new system prompt, a router that no longer keeps a user's requests on this replica).",
+        "Never judged on a cache that never hit: that is expected for unique prompts.",
+    ),
+    predicate=_prefix_cache_ineffective,
+    reads=(
+        "prompt_tokens_cached_ratio",
+        "prefix_cache_hit_ratio",
+        "prefix_cache_queries_per_second",
+        "prefix_caching_enabled",
+        "prefix_cache_hits_since_start",
+        "prompt_tokens_local_compute_ratio",
+        "external_prefix_cache_hit_ratio",  # only where a KV connector shares a cache: last, the drill-down shows the first
+    ),
+    thresholds=(
+        Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
+        Threshold("hit_ratio_max", 0.05, "hit ratio below this", 0.0, 1.0),
+    ),
+    for_seconds=300,
+    clear_seconds=300,
+)
+
+
+def _kv_fragmentation_suspected(j: Judge) -> Term:
+    usage = j.compare("kv_cache_usage_ratio_mean", ">=", "usage_min", "KV cache usage (window mean)", upper=1.0)
+    live = j.compare("kv_live_token_ratio", "<", "live_token_ratio_max", "tokens the running requests hold / KV tokens in use", upper=1.0)
+    waste = j.compare("kv_last_block_waste_ratio", ">=", "block_waste_ratio_min", "half-empty last blocks / KV capacity", upper=1.0)
+    # Only evidence of fragmentation itself: the seeds' row "util.gpu < 30 % with a full cache" holds
+    # for every CPU-bound engine (a real one on the H200: SM active 0.3 %, live tokens 0.93 of the
+    # blocks in use) and is gpu_starved's story, not this one's.
+    if usage.holds:
+        j.cause = "live_tokens" if live.holds else "block_waste" if waste.holds else None
+    return all_of(usage, any_of(live, waste))
+
+
+KV_FRAGMENTATION_SUSPECTED = Condition(
+    id="kv_fragmentation_suspected",
+    layer="1+3",
+    severity="warning",
+    summary="KV blocks are held beyond the tokens that live in them",
+    meaning=(
+        "KV usage is high while the running requests account for far fewer tokens, or half-empty last "
+        "blocks waste a noticeable share of capacity. PagedAttention keeps external fragmentation near zero: "
+        "this is internal waste or retention."
+    ),
+    next_actions=(
+        "Try a smaller --block-size; check long-tail request lengths.",
+        "Check prefix-cache retention (cached blocks count as used).",
+    ),
+    predicate=_kv_fragmentation_suspected,
+    reads=("kv_live_token_ratio", "kv_last_block_waste_ratio", "kv_cache_usage_ratio_mean"),
+    dont=(
+        "PagedAttention keeps external fragmentation near zero: restarting to 'compact' memory does not help.",
+        "An idle GPU with a full KV cache is not fragmentation: the CPU side cannot feed the GPU (see gpu_starved).",
+    ),
+    thresholds=(
+        Threshold("usage_min", 0.8, "KV usage window mean at or above this", 0.0, 1.0),
+        Threshold("live_token_ratio_max", 0.5, "live tokens / KV tokens in use below this", 0.0, 1.0),
+        Threshold("block_waste_ratio_min", 0.10, "last-block waste / capacity at or above this", 0.0, 1.0),
+    ),
+    for_seconds=120,
+    clear_seconds=120,
+    causes=("live_tokens", "block_waste"),
+)
+
+
+def _spec_decode_ineffective(j: Judge) -> Term:
+    if j.signals.get("spec_decode_drafts_per_second") is None:
+        return j.fact(False, "speculative decoding is off (vLLM exports no draft counters)", "spec_decode_drafts_per_second")
+    drafting = j.compare("spec_decode_drafts_per_second", ">", "drafts_per_second_min", "drafts proposed per second")
+    if drafting.holds is not True:
+        return drafting
+    low = j.compare("spec_decode_acceptance_ratio", "<", "acceptance_ratio_max", "accepted / proposed draft tokens", upper=1.0)
+    yielded = j.signals.get("spec_decode_tokens_per_draft")
+    if yielded is not None:
+        j.note(f"each verification step yields {yielded:.2f} tokens (1 is what decoding without a draft gives)", "spec_decode_tokens_per_draft", yielded)
+    return low
+
+
+SPEC_DECODE_INEFFECTIVE = Condition(
+    id="spec_decode_ineffective",
+    layer="1",
+    severity="info",
+    summary="Speculative decoding's drafts are mostly rejected: it costs more than it saves",
+    meaning=(
+        "Each draft costs a pass of the draft model and a verification of all its tokens by the target model; when few "
+        "draft tokens are accepted, decoding is slower than without speculation (higher inter-token latency, less throughput)."
+    ),
+    next_actions=(
+        "Lower num_speculative_tokens in --speculative-config (fewer wasted tokens per draft).",
+        "Use a draft aligned with the target (same family, distilled; EAGLE heads trained for it); n-gram drafts only for repetitive text.",
+        "Compare inter-token latency with speculative decoding off for this traffic; keep it only where acceptance is high.",
+    ),
+    predicate=_spec_decode_ineffective,
+    reads=("spec_decode_acceptance_ratio", "spec_decode_drafts_per_second", "spec_decode_tokens_per_draft"),
+    thresholds=(
+        Threshold("drafts_per_second_min", 0.1, "drafts proposed per second above this (speculation in use)"),
+        Threshold("acceptance_ratio_max", 0.3, "accepted / proposed draft tokens below this", 0.0, 1.0),
+    ),
+    for_seconds=120,
+    clear_seconds=120,
+)
+
+
+CONDITIONS: tuple[Condition, ...] = (
+    VLLM_UNREACHABLE,
+    ENGINE_WEDGED,
+    KV_CACHE_SATURATED,
+    QUEUE_BACKLOG,
+    PREEMPTION_STORM,
+    CLIENT_UNDERLOAD,
+    TTFT_HIGH,
+    ITL_HIGH,
+    REQUEST_ERRORS,
+    PREFIX_CACHE_INEFFECTIVE,
+    KV_FRAGMENTATION_SUSPECTED,
+    SPEC_DECODE_INEFFECTIVE,
+)
