@@ -26,9 +26,11 @@ def test_gil_held_ratio_matches_a_known_duty_cycle(duty, nonblocking, tmp_path):
     # Blocking mode read 0.03-0.07 below the truth here at every duty, nonblocking within 0.02; 0.15 leaves
     # room for a loaded CI machine and still fails a ratio that is wrong in kind (0, 1, or not GIL-only).
     reading, held, truth = sample_known_duty(duty, tmp_path, nonblocking=nonblocking)
-    if not nonblocking and abs(held - truth) > 0.15:
-        # Blocking mode stops the target for every sample: a burst of contention on the 2-core machine biased one
-        # window (0.67 read for 0.89 held, once in many runs). A second window must then read right.
+    if abs(held - truth) > 0.15:
+        # A burst of contention on the 2-core machine biases one window: blocking mode stops the target for every
+        # sample (0.67 read for 0.89 held, once in many runs); at duty 0.9 a target preempted while it holds the GIL
+        # measures less than py-spy sees held (0.85 read for 0.68 measured, nonblocking, once, right after a CI run
+        # tore down its containers). A second window must then read right.
         first = (held, truth)
         reading, held, truth = sample_known_duty(duty, tmp_path, nonblocking=nonblocking)
         assert abs(held - truth) <= 0.15, (first, (held, truth))
