@@ -3,6 +3,7 @@ resolved from config, then the readings, then vLLM's defaults; each says where i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ def default_max_num_seqs(version: str | None) -> tuple[int, str]:
             f"vLLM {version}'s default on GPUs under 70 GiB (1024 on H100/H200-class GPUs); set max_num_seqs in the config to be sure",
         )
     return 256, f"vLLM {version}'s default"
+
+
+RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker's (or engine core's) title vLLM sets
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,48 @@ class Discovery:
             )
         return notes
 
+    def ranks(self) -> list[dict[str, Any]]:
+        """The rank map: each process that runs the model (vLLM's workers, one per GPU; with neither tensor nor pipeline
+        parallelism, the engine core itself) with its data-, pipeline- and tensor-parallel rank, read from its title
+        (`VLLM::Worker_DP1_PP0_TP1`: a part left out is a group of one), and the GPUs NVML lists its memory on."""
+        workers = [p for p in self.processes if p.get("role") == "worker"]
+        ranked = []
+        for p in workers or [p for p in self.processes if p.get("role") == "engine_core"]:
+            parts = {kind: int(number) for kind, number in RANK_PART.findall(str(p.get("title", "")).partition("::")[2])}
+            if "title" not in p:  # recorded before titles were: the index stands for the engine (engine cores) or rank
+                parts = {"DP": p.get("index", 0)} if p.get("role") == "engine_core" else {"TP": p.get("index", 0)}
+            gpus = sorted({int(h["gpu"]) for h in self.gpu_processes if h.get("pid") == p.get("pid") and h.get("gpu") is not None})
+            ranked.append(
+                {
+                    "pid": p.get("pid"),
+                    "role": p.get("role"),
+                    "dp_rank": parts.get("DP", 0),
+                    "pp_rank": parts.get("PP", 0),
+                    "tp_rank": parts.get("TP", 0),
+                    "gpus": gpus,
+                }
+            )
+        return sorted(ranked, key=lambda r: (r["dp_rank"], r["pp_rank"], r["tp_rank"]))
+
+    def parallelism(self) -> list[str]:
+        """The rank map in words, one line per engine: 'engine 0: TP=2, ranks 0-1 on GPUs 2,3 (TP0 GPU 2, TP1 GPU 3)'."""
+        lines = []
+        ranks = self.ranks()
+        for engine in sorted({r["dp_rank"] for r in ranks}):
+            group = [r for r in ranks if r["dp_rank"] == engine]
+            tp, pp = 1 + max(r["tp_rank"] for r in group), 1 + max(r["pp_rank"] for r in group)
+            where = ", ".join(
+                f"{'PP' + str(r['pp_rank']) + ' ' if pp > 1 else ''}TP{r['tp_rank']} "
+                + (f"GPU {','.join(map(str, r['gpus']))}" if r["gpus"] else "GPU unknown")
+                + f" ({r['role']} pid {r['pid']})"
+                for r in group
+            )
+            gpus = sorted({g for r in group for g in r["gpus"]})
+            on = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
+            missing = "" if all(r["gpus"] for r in group) else " (NVML lists no memory under some ranks' pids: another pid namespace, or not loaded yet)"
+            lines.append(f"engine {engine}: TP={tp}{f', PP={pp}' if pp > 1 else ''}, {len(group)} rank{'s' if len(group) > 1 else ''}{on}: {where}{missing}")
+        return lines
+
     def to_json(self) -> dict[str, Any]:
         return {
             "max_num_seqs": self.max_num_seqs,
@@ -119,6 +165,8 @@ class Discovery:
             "gpus": list(self.gpus),
             "gpu_selection": self.gpu_selection,
             "gpu_peak": None if self.gpu_peak is None else vars(self.gpu_peak),
+            "ranks": self.ranks(),
+            "parallelism": self.parallelism(),
         }
 
 

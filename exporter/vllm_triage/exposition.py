@@ -58,6 +58,8 @@ LATEST_HELP = {
     "gpu_dram_bandwidth_utilization_ratio": "GPM DRAM bandwidth utilisation since the previous GPU reading (0..1).",
     "gpu_pcie_tx_bytes_per_second": "PCIe transmit throughput (GPM, or NVML's 20 ms sample without GPM).",
     "gpu_pcie_rx_bytes_per_second": "PCIe receive throughput (GPM, or NVML's 20 ms sample without GPM).",
+    "gpu_nvlink_tx_bytes_per_second": "NVLink transmit throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
+    "gpu_nvlink_rx_bytes_per_second": "NVLink receive throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
     "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
 }
 
@@ -138,6 +140,16 @@ class SnapshotCollector(Collector):
         )
         starting.add_metric([], 1.0 if snapshot.vllm_starting else 0.0)
         yield starting
+        ranks = GaugeMetricFamily(
+            f"{PREFIX}_rank_info",
+            "1 for each process running the model: its engine (data-parallel rank), pipeline- and tensor-parallel rank, its role "
+            "and the GPU NVML lists its memory on (gpu empty: not known); join the per-GPU series on gpu.",
+            labels=["engine", "pp_rank", "tp_rank", "role", "gpu"],
+        )
+        for rank in snapshot.discovery.get("ranks", ()):
+            for gpu in rank["gpus"] or [""]:
+                ranks.add_metric([str(rank["dp_rank"]), str(rank["pp_rank"]), str(rank["tp_rank"]), str(rank["role"]), str(gpu)], 1.0)
+        yield ranks
 
     def _verdicts(self, snapshot: Snapshot) -> Iterator[Metric]:
         active = GaugeMetricFamily(

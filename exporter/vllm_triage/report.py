@@ -24,6 +24,7 @@ def format_report(snapshot: Snapshot, target: str) -> str:
     ]
     version = snapshot.discovery.get("vllm_version")
     lines.append(f"  vLLM version: {version or 'unknown'}; {snapshot.discovery.get('max_num_seqs_text', '')}")
+    lines.extend(f"  {line}" for line in snapshot.discovery.get("parallelism", ()))
     for health in snapshot.sources:
         state = "up" if health.up else ("down" if health.up is False else "no reading")
         detail = f" (last error: {health.last_error})" if health.last_error and not health.up else ""

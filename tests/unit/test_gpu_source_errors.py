@@ -107,6 +107,23 @@ def test_unsupported_field_is_skipped_not_an_error(nvml):
     assert reading.meta["compute_processes"][0] == {"gpu": 0, "pid": 4242, "used_bytes": 70 * 2**30}  # who holds each GPU's memory
 
 
+def test_nvlink_is_read_only_where_a_link_is_up(nvml):
+    """The lent H200 (one GPU of a VM) answered not supported for every NVLink's state while GPM read its NVLink
+    throughput as 0: such a GPU says nvlink false and gets no NVLink series (absent: no link; 0: an idle one)."""
+    module = nvml()
+    module.NVML_FEATURE_ENABLED, module.NVML_NVLINK_MAX_LINKS = 1, 18
+
+    def state(handle, link):
+        if handle == 0:
+            raise NotSupported("Not Supported")
+        return 1 if link == 3 else 0
+
+    module.nvmlDeviceGetNvLinkState = state
+    reading = GpuSource().collect()
+    assert [(g["gpu"], g["nvlink"]) for g in reading.meta["gpus"]] == [(0, False), (1, True)]
+    assert not [name for name, _ in reading.samples if "nvlink" in name]  # no GPM on the fake: nothing read, nothing made up
+
+
 def test_a_lost_gpu_is_reported_and_the_others_still_read(nvml):
     module = nvml()
     source = GpuSource()

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
+from vllm_triage.exposition import Exposition
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import evaluate
+from vllm_triage.report import format_report
 from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
 from vllm_triage.store import Store
 
 from .pages import Counters, failed, page
 from .pages import reading as page_reading
 from .test_vllm_source import free_port
+
+H200_KV_THRASH = Path(__file__).resolve().parents[1] / "data" / "real-vllm-h200-kv_thrash.jsonl.gz"
 
 
 def test_parse_vllm_args_both_spellings():
@@ -245,3 +252,81 @@ def test_an_engine_core_that_outlives_its_api_server_is_named_with_the_gpu_memor
         server.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(core, signal.SIGKILL)
+
+
+# A tensor-parallel vLLM as the host shows it: an API server listening, its engine core, and one worker per GPU titled
+# with its ranks (vLLM 0.26's setproctitle: Worker[_DP<d>][_PP<p>][_TP<t>]).
+FAKE_TP_SERVER = """
+import socket, subprocess, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port)); listener.listen()
+children = [subprocess.Popen([title, "-c", "import time; time.sleep(60)"], executable=sys.executable)
+            for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1")]
+print("ready", *(c.pid for c in children), flush=True)
+time.sleep(60)
+"""
+
+
+def with_gpu_processes(held: list[tuple[int, int]]) -> Reading:
+    """A GPU reading as the H200's (tests/data, TP=1) with NVML's compute processes replaced: (pid, gpu) each."""
+    gpu = next(r for r in read_readings(H200_KV_THRASH) if r.source == GPU_SOURCE and r.ok)
+    meta = {**gpu.meta, "compute_processes": [{"gpu": g, "pid": pid, "used_bytes": 2.0**33} for pid, g in held]}
+    return dataclasses.replace(gpu, meta=meta)
+
+
+def test_the_rank_map_names_each_workers_ranks_and_gpu_from_its_title_and_nvml():
+    """The 2-GPU machine was not lent: a real process tree titled as vLLM titles a TP=2 engine, NVML's compute processes
+    of the real H200 reading moved onto GPUs 2 and 3. What /diagnosis, the report and /metrics say of it."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", FAKE_TP_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        core, tp0, tp1 = map(int, server.stdout.readline().split()[1:])
+        time.sleep(0.3)
+        processes = ProcessSource(port=port).collect()
+        assert {p["pid"]: p.get("title") for p in processes.meta["processes"]} == {
+            server.pid: None,
+            core: "VLLM::EngineCore",
+            tp0: "VLLM::Worker_TP0",
+            tp1: "VLLM::Worker_TP1",
+        }
+        store = Store(60)
+        store.add(processes)
+        store.add(dataclasses.replace(with_gpu_processes([(tp0, 2), (tp1, 3)]), timestamp=processes.timestamp))
+        snapshot = evaluate(Engine(load(env={}).conditions, 60), store, processes.timestamp)
+        assert [(r["role"], r["dp_rank"], r["tp_rank"], r["gpus"]) for r in snapshot.discovery["ranks"]] == [("worker", 0, 0, [2]), ("worker", 0, 1, [3])]
+        said = f"engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid {tp0}), TP1 GPU 3 (worker pid {tp1})"
+        assert snapshot.discovery["parallelism"] == [said]
+        assert said in format_report(snapshot, "vllm")
+        exposition = Exposition(load(env={}).conditions, 1.0)
+        exposition.update(snapshot)
+        text = exposition.render(False).decode()
+        assert 'vllm_triage_rank_info{engine="0",gpu="2",pp_rank="0",role="worker",tp_rank="0"} 1.0' in text
+        assert 'vllm_triage_rank_info{engine="0",gpu="3",pp_rank="0",role="worker",tp_rank="1"} 1.0' in text
+    finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait()
+
+
+def test_the_rank_map_of_the_h200_engine_is_its_engine_core_on_gpu_0_and_says_what_it_does_not_know():
+    """The real H200 captures: vLLM 0.26 without tensor parallelism runs the model in its engine core (no worker)."""
+    readings = [r for r in read_readings(H200_KV_THRASH) if r.source in (PROCESS_SOURCE, GPU_SOURCE)][:4]
+    store = Store(60)
+    for reading in readings:
+        store.add(reading)
+    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp).discovery
+    core = next(p["pid"] for p in found["processes"] if p["role"] == "engine_core")
+    assert found["parallelism"] == [f"engine 0: TP=1, 1 rank on GPU 0: TP0 GPU 0 (engine_core pid {core})"]
+    # A DP=2 x TP=2 server whose workers' memory NVML lists under other pids (another pid namespace): said so.
+    titled = [{"pid": 10 + i, "role": "worker", "index": i, "title": f"VLLM::Worker_DP{i // 2}_TP{i % 2}"} for i in range(4)]
+    process = next(r for r in readings if r.source == PROCESS_SOURCE)
+    store.add(dataclasses.replace(process, timestamp=readings[-1].timestamp + 1, meta={**process.meta, "processes": titled}))
+    store.add(dataclasses.replace(with_gpu_processes([(10, 0), (11, 1)]), timestamp=readings[-1].timestamp + 1))
+    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp + 1).discovery
+    assert found["parallelism"][0] == "engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 10), TP1 GPU 1 (worker pid 11)"
+    assert found["parallelism"][1].startswith("engine 1: TP=2, 2 ranks: TP0 GPU unknown (worker pid 12), TP1 GPU unknown (worker pid 13) (NVML lists no memory")

@@ -36,6 +36,8 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_DRAM_ACTIVE": ("gpu_dram_bandwidth_utilization_ratio", 1.0),
     "DCGM_FI_PROF_PCIE_TX_BYTES": ("gpu_pcie_tx_bytes_per_second", 1.0),
     "DCGM_FI_PROF_PCIE_RX_BYTES": ("gpu_pcie_rx_bytes_per_second", 1.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("gpu_nvlink_tx_bytes_per_second", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("gpu_nvlink_rx_bytes_per_second", 1.0),
     "DCGM_FI_DEV_SM_CLOCK": ("gpu_sm_clock_hertz", 1e6),
     "DCGM_FI_DEV_MEM_CLOCK": ("gpu_memory_clock_hertz", 1e6),
     "DCGM_FI_DEV_POWER_USAGE": ("gpu_power_watts", 1.0),

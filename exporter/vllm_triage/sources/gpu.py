@@ -67,6 +67,7 @@ class _Device:
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, current], swapped each tick
     gpm_previous_time: float | None = None
     gpm_request: Any = None  # one metrics struct, reused tick after tick
+    nvlink: bool = False  # an NVLink of this GPU is up: GPM's NVLink throughput is read (else absent, not 0)
     labels: dict[tuple[str, str], Labels] = field(default_factory=dict)  # built once per series
     slow: dict[str, float | None] = field(default_factory=dict)  # see SLOW_REFRESH_SECONDS
     slow_time: float = -math.inf
@@ -138,6 +139,7 @@ class GpuSource:
         for device in chosen:
             if device.gpm is None:
                 device.gpm = self.use_gpm and self._gpm_supported(device)
+                device.nvlink = self._nvlink_up(device)
         self._devices, self._rule = chosen, rule
         log.info(
             "GPU source: watching GPU(s) %s (chosen by %s%s); GPM %s",
@@ -216,6 +218,18 @@ class GpuSource:
         except (nvml.NVMLError, AttributeError):
             return False
 
+    def _nvlink_up(self, device: _Device) -> bool:
+        """Whether any NVLink of the GPU is up. The lent H200 (one GPU of a VM) answers not supported for every link,
+        while GPM reads its NVLink throughput as 0: absent then says no NVLink, 0 an idle one."""
+        nvml = self._nvml
+        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(device.handle, link) == nvml.NVML_FEATURE_ENABLED:
+                    return True
+            except (nvml.NVMLError, AttributeError):
+                continue
+        return False
+
     def _watch_xid(self) -> None:
         """XID errors arrive as NVML events; waiting blocks, hence this thread."""
         nvml = self._nvml
@@ -259,7 +273,7 @@ class GpuSource:
             self._log_state(reading)
             return reading
         meta: dict[str, Any] = {
-            "gpus": [{"gpu": d.index, "uuid": d.uuid, "name": d.name, "gpm": d.gpm} for d in self._devices or []],
+            "gpus": [{"gpu": d.index, "uuid": d.uuid, "name": d.name, "gpm": d.gpm, "nvlink": d.nvlink} for d in self._devices or []],
             "selection": self._rule,
         }
         if self._unsupported:
@@ -393,6 +407,11 @@ class GpuSource:
             (nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "gpu_pcie_tx_bytes_per_second", MIB),  # GPM says MiB/s
             (nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "gpu_pcie_rx_bytes_per_second", MIB),
         ]
+        if device.nvlink:  # every NVLink of the GPU together: tensor parallelism's all-reduces
+            wanted += [
+                (nvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, "gpu_nvlink_tx_bytes_per_second", MIB),
+                (nvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, "gpu_nvlink_rx_bytes_per_second", MIB),
+            ]
         if device.gpm_previous_time is not None:
             request = device.gpm_request
             if request is None:

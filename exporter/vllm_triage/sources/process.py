@@ -264,6 +264,8 @@ class ProcessSource:
                 tracked.cpus_allowed = _cpus_allowed(proc)
         out[("process_threads", labels)] = float(tracked.threads)
         entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index, "status": status}
+        if tracked.role != "api_server":  # VLLM::Worker_TP1, VLLM::EngineCore_DP1: its ranks (discovery's rank map)
+            entry["title"] = tracked.title.split(" ", 1)[0]
         if tracked.busiest is not None:
             out[("process_busiest_thread_cpu_ratio", labels)] = tracked.busiest["cpu_ratio"]
             entry["busiest_thread"] = tracked.busiest
