@@ -22,7 +22,7 @@ from .config import Config, ConfigError
 from .cpu_account import CPU
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
-from .model import GIL_SOURCE, PROCESS_SOURCE, Reading, Snapshot
+from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
 from .pipeline import Pipeline, replay
 from .registry import SourceLoop, build_sources
 from .server import make_app, serve
@@ -223,14 +223,14 @@ class Daemon:
         self._dumped_for = asking.since
         role = CONDITIONS_BY_ID[asking.condition].stack_dump_role
         processes = self.pipeline.store.latest(PROCESS_SOURCE)
-        found = [p for p in (processes.meta.get("processes", []) if processes else []) if p.get("role") == role]
+        found = [p for p in (processes.process_meta().get("processes", []) if processes else []) if p.get("role") == role]
         if not found:
             self.stack_dumps = ({"condition": asking.condition, "error": f"no {role} process is visible (is the process namespace shared?)"},)
             return
         self._dumping = asyncio.create_task(self._dump(asking.condition, found[0]))
 
-    async def _dump(self, condition: str, process: dict[str, object]) -> None:
-        pid = int(str(process["pid"]))
+    async def _dump(self, condition: str, process: ProcessEntry) -> None:
+        pid = process["pid"]
         taken_at = self.clock()
         result = await dump_stacks(pid)
         role = process.get("role")

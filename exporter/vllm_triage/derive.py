@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .diagnosis.inputs import Notes, ScopedSignals, TickInputs
+from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
 from .model import GPU_SOURCE, VLLM_SOURCE, SeriesKey, SourceHealth
 from .registry import SOURCES, SOURCES_BY_NAME
@@ -60,11 +60,18 @@ class Derived:
                 beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
         return {scope: {**values, **beside} for scope, values in self.signals_for(VLLM_SOURCE, window).items()}
 
-    def inputs(self, wants: set[tuple[str, float]]) -> TickInputs:
-        """The judge's values: each (scope kind, window) it wants, computed now, and what discovery says."""
-        scoped = {(kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants)}
+    def inputs(self, wants: Wants) -> TickInputs:
+        """The judge's values: each (scope kind, window) it wants, computed now, and the discovery notes it names."""
+        scoped = {
+            (kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants.scoped)
+        }
         found = self.discovery
-        notes = Notes(found.max_num_seqs, found.max_num_seqs_text, tuple(found.host_notes()), tuple(found.orphan_notes()))
+        notes = Notes(
+            found.max_num_seqs,
+            found.max_num_seqs_text,
+            tuple(found.host_notes()) if "host" in wants.notes else (),
+            tuple(found.orphan_notes()) if "orphans" in wants.notes else (),
+        )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 
     def latest_exported(self) -> dict[str, dict[SeriesKey, float]]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hardware import GpuPeak, gpu_peak
-from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, OrphanEntry, ProcessEntry, ProcessMeta
 from .signals.window import ServerFacts
 from .store import Store
 
@@ -47,16 +47,16 @@ class Discovery:
     max_num_seqs_text: str
     vllm_version: str | None
     api_server_args: dict[str, Any]
-    processes: tuple[dict[str, Any], ...]
-    gpus: tuple[dict[str, Any], ...] = ()
+    processes: tuple[ProcessEntry, ...]
+    gpus: tuple[GpuEntry, ...] = ()
     gpu_selection: str | None = None  # which rule chose the GPUs (config, CUDA_VISIBLE_DEVICES, ...)
     hot_functions: tuple[tuple[str, str, str, float], ...] = ()  # (role, function, file, share) from py-spy
     process_binding: str | None = None  # how the watched processes were tied to the scraped server
     ignored_processes: int = 0  # vLLM-titled processes of other servers
     gpu_peak: GpuPeak | None = None  # the watched GPUs' model's peaks (the slowest, were they mixed)
     runnable_tasks: int | None = None  # threads runnable on the host at the newest process reading
-    orphans: tuple[dict[str, Any], ...] = ()  # engine cores and workers that outlived their API server
-    gpu_processes: tuple[dict[str, Any], ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
+    orphans: tuple[OrphanEntry, ...] = ()  # engine cores and workers that outlived their API server
+    gpu_processes: tuple[ComputeProcess, ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -99,7 +99,7 @@ class Discovery:
         for orphan in self.orphans:
             held = [p for p in self.gpu_processes if p.get("pid") == orphan["pid"]]
             memory = (
-                " and holds " + ", ".join(f"{p['used_bytes'] / 2**30:.1f} GiB on GPU {p['gpu']}" for p in held if p.get("used_bytes") is not None)
+                " and holds " + ", ".join(f"{used / 2**30:.1f} GiB on GPU {p['gpu']}" for p in held if (used := p.get("used_bytes")) is not None)
                 if any(p.get("used_bytes") is not None for p in held)
                 else " (NVML lists no GPU memory under its pid: it may hold none, or NVML sees the host's pids)"
             )
@@ -133,25 +133,11 @@ class Discovery:
         return sorted(ranked, key=lambda r: (r["dp_rank"], r["pp_rank"], r["tp_rank"]))
 
     def parallelism(self) -> list[str]:
-        """The rank map in words, one line per engine: 'engine 0: TP=2, ranks 0-1 on GPUs 2,3 (TP0 GPU 2, TP1 GPU 3)'."""
-        lines = []
-        ranks = self.ranks()
-        for engine in sorted({r["dp_rank"] for r in ranks}):
-            group = [r for r in ranks if r["dp_rank"] == engine]
-            tp, pp = 1 + max(r["tp_rank"] for r in group), 1 + max(r["pp_rank"] for r in group)
-            where = ", ".join(
-                f"{'PP' + str(r['pp_rank']) + ' ' if pp > 1 else ''}TP{r['tp_rank']} "
-                + (f"GPU {','.join(map(str, r['gpus']))}" if r["gpus"] else "GPU unknown")
-                + f" ({r['role']} pid {r['pid']})"
-                for r in group
-            )
-            gpus = sorted({g for r in group for g in r["gpus"]})
-            on = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
-            missing = "" if all(r["gpus"] for r in group) else " (NVML lists no memory under some ranks' pids: another pid namespace, or not loaded yet)"
-            lines.append(f"engine {engine}: TP={tp}{f', PP={pp}' if pp > 1 else ''}, {len(group)} rank{'s' if len(group) > 1 else ''}{on}: {where}{missing}")
-        return lines
+        """The rank map in words, one line per engine (parallelism_lines)."""
+        return parallelism_lines(self.ranks())
 
     def to_json(self) -> dict[str, Any]:
+        ranks = self.ranks()
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_seqs_origin": self.max_num_seqs_origin,
@@ -165,30 +151,52 @@ class Discovery:
             "gpus": list(self.gpus),
             "gpu_selection": self.gpu_selection,
             "gpu_peak": None if self.gpu_peak is None else vars(self.gpu_peak),
-            "ranks": self.ranks(),
-            "parallelism": self.parallelism(),
+            "ranks": ranks,
+            "parallelism": parallelism_lines(ranks),
         }
+
+
+def parallelism_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    """A rank map in words, one line per engine: 'engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid 41), TP1
+    GPU 3 (worker pid 42)'."""
+    lines = []
+    for engine in sorted({r["dp_rank"] for r in ranks}):
+        group = [r for r in ranks if r["dp_rank"] == engine]
+        tp, pp = 1 + max(r["tp_rank"] for r in group), 1 + max(r["pp_rank"] for r in group)
+        where = ", ".join(
+            f"{'PP' + str(r['pp_rank']) + ' ' if pp > 1 else ''}TP{r['tp_rank']} "
+            + (f"GPU {','.join(map(str, r['gpus']))}" if r["gpus"] else "GPU unknown")
+            + f" ({r['role']} pid {r['pid']})"
+            for r in group
+        )
+        gpus = sorted({g for r in group for g in r["gpus"]})
+        on = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
+        missing = "" if all(r["gpus"] for r in group) else " (NVML lists no memory under some ranks' pids: another pid namespace, or not loaded yet)"
+        lines.append(f"engine {engine}: TP={tp}{f', PP={pp}' if pp > 1 else ''}, {len(group)} rank{'s' if len(group) > 1 else ''}{on}: {where}{missing}")
+    return lines
 
 
 def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     vllm = store.latest(VLLM_SOURCE)
-    version = vllm.meta.get("version") if vllm is not None and vllm.ok else None
+    version = vllm.vllm_meta().get("version") if vllm is not None and vllm.ok else None
     process = store.latest(PROCESS_SOURCE)
-    args: dict[str, Any] = dict(process.meta.get("api_server_args", {})) if process is not None else {}
-    processes = tuple(process.meta.get("processes", ())) if process is not None else ()
+    found = process.process_meta() if process is not None else ProcessMeta()
+    args = dict(found.get("api_server_args", {}))
+    processes = tuple(found.get("processes", ()))
     if configured_max_num_seqs:
         value, origin = configured_max_num_seqs, "config"
         text = f"max_num_seqs={value} (from the sidecar config)"
     elif isinstance(args.get("max_num_seqs"), int):
         value, origin = args["max_num_seqs"], "command_line"
-        text = f"max_num_seqs={value} (from the vLLM command line, pid {process.meta.get('api_server_pid') if process else '?'})"
+        text = f"max_num_seqs={value} (from the vLLM command line, pid {found.get('api_server_pid', '?')})"
     else:
         value, why = default_max_num_seqs(version)
         origin = "default"
         text = f"max_num_seqs={value} ({why})"
     gpu = store.latest(GPU_SOURCE)
-    gpus = tuple(gpu.meta.get("gpus", ())) if gpu is not None and gpu.ok else ()
-    selection = gpu.meta.get("selection") if gpu is not None and gpu.ok else None
+    gpu_found = gpu.gpu_meta() if gpu is not None and gpu.ok else GpuMeta()
+    gpus = tuple(gpu_found.get("gpus", ()))
+    selection = gpu_found.get("selection")
     gil = store.latest(GIL_SOURCE)
     hot = (
         tuple(
@@ -204,11 +212,11 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
         if gil is not None and gil.ok
         else ()
     )
-    binding = process.meta.get("binding") if process is not None else None
-    ignored = int(process.meta.get("ignored_processes", 0)) if process is not None else 0
+    binding = found.get("binding")
+    ignored = found.get("ignored_processes", 0)
     known = [p for g in gpus if (p := gpu_peak(g.get("name"))) is not None]
     peak = min(known, key=lambda p: p.bf16_flops_per_second) if known and len(known) == len(gpus) else None
-    runnable = process.meta.get("runnable_tasks") if process is not None else None
-    orphans = tuple(process.meta.get("orphans", ())) if process is not None else ()
-    held = tuple(gpu.meta.get("compute_processes", ())) if gpu is not None and gpu.ok else ()
+    runnable = found.get("runnable_tasks")
+    orphans = tuple(found.get("orphans", ()))
+    held = tuple(gpu_found.get("compute_processes", ()))
     return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 Labels = tuple[tuple[str, str], ...]
 """Label pairs sorted by name: hashable, so a series key is (name, labels)."""
@@ -24,6 +25,72 @@ GIL_SOURCE = "gil"
 SOURCE_NAMES = (VLLM_SOURCE, PROCESS_SOURCE, GPU_SOURCE, GIL_SOURCE)  # registry.SOURCES builds them, in this order
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")  # the samples of one Prometheus histogram
+
+
+# What a source learned beside its samples (Reading.meta), one type per source; JSON as it is in a capture.
+class VllmMeta(TypedDict, total=False):
+    series: int  # series on the page
+    old_names: list[str]  # pre-0.12 names the page used
+    dropped: dict[str, int]  # reason -> series refused (sources.vllm.DROP_REASONS)
+    engine_generation: str  # "v0" where only V0's names appear
+    version: str  # vLLM's GET /version
+
+
+class ThreadSample(TypedDict, total=False):
+    tid: int
+    name: str
+    main: bool  # the process's main thread
+    cpu_ratio: float  # of one core, between the last two reads
+    runqueue_wait_ratio: float  # seconds per second it waited for a CPU (neediest only)
+
+
+class ProcessEntry(TypedDict, total=False):
+    pid: int
+    role: str  # api_server | engine_core | worker
+    index: int  # among its role's processes
+    status: str  # psutil's
+    title: str  # its title's first word (VLLM::Worker_TP1): its ranks; not for the API server
+    busiest_thread: ThreadSample
+    neediest_thread: ThreadSample  # the one that wanted the most CPU (ran + waited for one)
+    cpus_allowed: int
+
+
+class OrphanEntry(TypedDict, total=False):
+    pid: int
+    role: str
+    title: str
+    status: str
+
+
+class ProcessMeta(TypedDict, total=False):
+    processes: list[ProcessEntry]
+    binding: str  # how the processes were tied to the scraped server
+    ignored_processes: int  # vLLM-titled processes of other servers
+    runnable_tasks: int | None  # threads runnable on the host
+    orphans: list[OrphanEntry]  # engine cores and workers that outlived their API server
+    api_server_args: dict[str, Any]  # its command line's flags, parsed
+    api_server_pid: int
+
+
+class GpuEntry(TypedDict, total=False):
+    gpu: int  # NVML's index
+    uuid: str
+    name: str
+    gpm: bool | None  # GPM metrics are read (None until asked)
+    nvlink: bool  # an NVLink is up
+
+
+class ComputeProcess(TypedDict):
+    gpu: int
+    pid: int  # NVML's: the host's
+    used_bytes: float | None
+
+
+class GpuMeta(TypedDict, total=False):
+    gpus: list[GpuEntry]
+    selection: str  # which rule chose the GPUs
+    unsupported: list[str]  # what the GPUs cannot read
+    compute_processes: list[ComputeProcess]  # the processes holding memory on the watched GPUs
 
 
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a
@@ -71,7 +138,7 @@ class Reading:
     error: str | None = None
     error_reason: str | None = None  # bounded vocabulary, used as a metric label
     duration_seconds: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # the source's own type: vllm_meta(), process_meta(), gpu_meta()
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {"source": self.source, "t": self.timestamp, "ok": self.ok}
@@ -110,6 +177,15 @@ class Reading:
             duration_seconds=float(record.get("duration_seconds", 0.0)),
             meta=dict(record.get("meta", {})),
         )
+
+    def vllm_meta(self) -> VllmMeta:
+        return cast(VllmMeta, self.meta) if self.source == VLLM_SOURCE else {}
+
+    def process_meta(self) -> ProcessMeta:
+        return cast(ProcessMeta, self.meta) if self.source == PROCESS_SOURCE else {}
+
+    def gpu_meta(self) -> GpuMeta:
+        return cast(GpuMeta, self.meta) if self.source == GPU_SOURCE else {}
 
     def shifted(self, offset_seconds: float) -> Reading:
         """The same reading moved in time (demo replay loops a capture onto the wall clock)."""

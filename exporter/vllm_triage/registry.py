@@ -58,7 +58,7 @@ async def _nothing() -> None:
 
 def _pids_by_role(latest: LatestProcesses) -> list[tuple[str, int]]:
     reading = latest()
-    return [(str(p["role"]), int(p["pid"])) for p in reading.meta.get("processes", [])] if reading is not None else []
+    return [(p["role"], p["pid"]) for p in reading.process_meta().get("processes", [])] if reading is not None else []
 
 
 def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:

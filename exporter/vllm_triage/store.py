@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -36,7 +37,7 @@ class Frame:
     timestamp: float
     by_name: dict[str, tuple[Series, ...]]
     by_scope: dict[str, dict[str, tuple[Series, ...]]]
-    meta: dict[str, object]
+    meta: Mapping[str, object]
     memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -99,7 +100,7 @@ class Store:
         frame = Frame.from_reading(reading) if reading.ok else None  # first: nothing is recorded if it fails
         state.latest = reading
         # A page with refused series counts each reason (vllm_triage_source_errors_total{reason}).
-        reasons = set(reading.meta.get("dropped", ())) or ({reading.error_reason} if reading.error_reason else set())
+        reasons = set(reading.vllm_meta().get("dropped", ())) or ({reading.error_reason} if reading.error_reason else set())
         for reason in reasons:
             state.errors_total[reason] = state.errors_total.get(reason, 0) + 1
         if reading.error_reason:

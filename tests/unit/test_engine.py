@@ -521,12 +521,17 @@ def test_a_stopped_engine_core_that_runs_again_with_its_clients_gone_is_no_longe
             assert set(states) == {"inactive"}, states  # at once, and for the next two minutes
 
 
-def test_precedence_ranks_every_condition_once_and_suppression_names_conditions_that_exist():
-    """One table each, checked against the conditions: a condition missing from PRECEDENCE would rank last unseen, a
-    misspelt id in SUPPRESSED_BY would suppress nothing."""
-    from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY
+def test_each_condition_has_its_own_precedence_and_is_suppressed_only_by_conditions_ranked_before_it():
+    """Precedence and suppression are fields of each entry: two conditions of equal precedence would tell two stories
+    in an order nobody chose, a misspelt id in suppressed_by would suppress nothing, and a condition suppressed by
+    one ranked after it could be the primary while the one that explains it holds."""
+    from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE
 
-    assert sorted(PRECEDENCE) == sorted(c.id for c in CONDITIONS) and len(set(PRECEDENCE)) == len(PRECEDENCE)
-    assert all(c in CONDITIONS_BY_ID and all(o in CONDITIONS_BY_ID and o != c for o, _ in by) for c, by in SUPPRESSED_BY.items())
-    # what explains a condition's evidence ranks before it: the primary is never the suppressed one
-    assert all(PRECEDENCE.index(o) < PRECEDENCE.index(c) for c, by in SUPPRESSED_BY.items() for o, _ in by)
+    assert len({c.id for c in CONDITIONS}) == len(CONDITIONS), "two conditions share an id"
+    ranks = [c.precedence for c in CONDITIONS]
+    assert len(set(ranks)) == len(ranks), sorted((c.precedence, c.id) for c in CONDITIONS)
+    assert sorted(PRECEDENCE) == sorted(CONDITIONS_BY_ID)
+    for c in CONDITIONS:
+        for other, why in c.suppressed_by:
+            assert other in CONDITIONS_BY_ID and other != c.id and why, (c.id, other)
+            assert CONDITIONS_BY_ID[other].precedence < c.precedence, (c.id, other)

@@ -27,6 +27,11 @@ class Condition:
     meaning: str  # what it says about the server, for the report and the runbook
     next_actions: tuple[str, ...]
     predicate: Callable[[Judge], Term]
+    # Its place in the one story a server tells: the primary verdict is the active one of lowest precedence, the one
+    # whose fix comes first (an unreachable or failing server before capacity, capacity before the host, the host
+    # before GPU efficiency, symptoms such as latency after their causes, informational last). Unique; in tens, so
+    # a new condition fits between two.
+    precedence: int
     thresholds: tuple[Threshold, ...] = ()
     for_seconds: float = 60.0
     clear_seconds: float = 60.0
@@ -43,6 +48,9 @@ class Condition:
     # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
     # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
     contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None
+    # (condition, why): while that one holds it explains this one's evidence, and this one does not hold (its evidence
+    # stays, with the reason). Each must rank before this one.
+    suppressed_by: tuple[tuple[str, str], ...] = ()
     # What discovery found that its evidence names: "max_num_seqs" (its value and where it came from), "host" (vLLM's
     # processes, their busiest threads, the functions holding the GIL), "orphans" (processes that outlived their API
     # server and the GPU memory they hold, while it holds).
@@ -51,6 +59,10 @@ class Condition:
     stack_dump_role: str | None = None
     # While active it fails /engine-liveness (opt-in, a liveness probe on vLLM's container): restarting vLLM is its fix.
     fails_engine_liveness: bool = False
+
+
+# A hung engine's gauges hold their last values and its GPU waits for nothing: what they would say is not so.
+FROZEN = ("engine_wedged", "the engine is hung: its gauges hold their last values and its GPU waits for nothing")
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from ..model import VLLM_SOURCE, Evidence, SourceHealth, Verdict
 from ..scope import AGGREGATE_SCOPE
-from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, SUPPRESSED_BY, Condition, ConditionSettings
-from .inputs import Notes, ScopedSignals, TickInputs
+from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition, ConditionSettings
+from .inputs import Notes, ScopedSignals, TickInputs, Wants
 from .judge import Judge, Term
 
 
@@ -141,9 +141,10 @@ class Engine:
         """How much history the store must keep for the longest window."""
         return max([self.window_seconds] + [self.settings[c.id].window_seconds for c in self.conditions])
 
-    def wants(self) -> set[tuple[str, float]]:
-        """The (scope kind, window) pairs the enabled conditions are judged on: what TickInputs.scoped must hold."""
-        return {(c.scope_kind, self.settings[c.id].window_seconds) for c in self.conditions if c.scope_kind != "global"}
+    def wants(self) -> Wants:
+        """What the enabled conditions are judged on: what TickInputs must hold."""
+        scoped = frozenset((c.scope_kind, self.settings[c.id].window_seconds) for c in self.conditions if c.scope_kind != "global")
+        return Wants(scoped, frozenset(note for c in self.conditions for note in c.notes))
 
     def judge(self, inputs: TickInputs) -> Judgement:
         """Judge the condition table on one tick's values: predicates, suppression, debouncing, ranking."""
@@ -281,11 +282,11 @@ class Engine:
 
 def _suppress(outcomes: dict[str, _Outcome]) -> None:
     """One story per server: a condition whose evidence another holding condition explains does not
-    hold (SUPPRESSED_BY in the table); its evidence stays, with the reason."""
+    hold (its Condition.suppressed_by); its evidence stays, with the reason."""
     for condition_id, outcome in outcomes.items():
         if not outcome.raw:
             continue
-        for other, why in SUPPRESSED_BY.get(condition_id, ()):
+        for other, why in CONDITIONS_BY_ID[condition_id].suppressed_by:
             if other in outcomes and outcomes[other].raw:
                 outcome.raw, outcome.suppressed_by, outcome.scopes, outcome.advice = False, other, [], []
                 outcome.evidence.append(Evidence("", None, None, "", False, f"suppressed by {other}: {why}", ""))

@@ -23,6 +23,15 @@ class Notes:
 
 
 @dataclass(frozen=True)
+class Wants:
+    """What the enabled conditions are judged on: the (scope kind, window) pairs TickInputs.scoped must hold, and
+    the discovery notes their evidence names (Condition.notes)."""
+
+    scoped: frozenset[tuple[str, float]]
+    notes: frozenset[str]
+
+
+@dataclass(frozen=True)
 class TickInputs:
     now: float
     health: Mapping[str, SourceHealth]

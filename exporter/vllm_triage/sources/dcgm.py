@@ -15,12 +15,11 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..model import GPU_SOURCE, Reading, SeriesKey, make_labels
+from ..model import GPU_SOURCE, GpuEntry, GpuMeta, Reading, SeriesKey, make_labels
 from . import http_failure, read_bounded, shortened
 from .gpu import CLOCK_EVENT_REASONS
 
@@ -61,10 +60,10 @@ MAX_GPU_INDEX_DIGITS = 4
 MAX_LABEL_CHARS = 128  # a UUID or a model name; a 2 MB label would reach every log line and /diagnosis
 
 
-def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[dict[SeriesKey, float], list[dict[str, Any]]]:
+def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[dict[SeriesKey, float], list[GpuEntry]]:
     """The GPU source's samples, and its meta's GPU list, from dcgm-exporter's series (name, labels, value)."""
     samples: dict[SeriesKey, float] = {}
-    gpus: dict[str, dict[str, Any]] = {}
+    gpus: dict[str, GpuEntry] = {}
     memory: dict[str, float] = {}
     for name, labels, value in series:
         index = labels.get("gpu")
@@ -72,7 +71,7 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
         if index is None or not (index.isascii() and index.isdigit() and len(index) <= MAX_GPU_INDEX_DIGITS) or not math.isfinite(value) or _blank(value):
             continue
         gpu = gpus.setdefault(
-            index, {"gpu": int(index), "uuid": labels.get("UUID", "")[:MAX_LABEL_CHARS], "name": labels.get("modelName", "")[:MAX_LABEL_CHARS], "gpm": False}
+            index, GpuEntry(gpu=int(index), uuid=labels.get("UUID", "")[:MAX_LABEL_CHARS], name=labels.get("modelName", "")[:MAX_LABEL_CHARS], gpm=False)
         )
         base = {"gpu": index, "uuid": gpu["uuid"]}
         if name.startswith(PROFILING):
@@ -146,7 +145,7 @@ class DcgmSource:
             who = f"pod {self.namespace}/{self.pod}" if self.pod else "any GPU"
             return self._failed(timestamp, start, "no_gpu", f"dcgm-exporter at {self.url} lists no GPU for {who} (its Kubernetes pod mapping must be on)")
         samples, gpus = dcgm_readings(mine)
-        meta: dict[str, Any] = {"gpus": gpus, "selection": f"dcgm-exporter's GPUs of pod {self.pod}" if self.pod else "every GPU dcgm-exporter lists"}
+        meta = GpuMeta(gpus=gpus, selection=f"dcgm-exporter's GPUs of pod {self.pod}" if self.pod else "every GPU dcgm-exporter lists")
         if not any(name == SM_ACTIVE for name, _, _ in mine):
             meta["unsupported"] = [f"{SM_ACTIVE} (commented out in dcgm-exporter's default counters: enable it, and the other DCGM_FI_PROF_ fields)"]
         reading = Reading(GPU_SOURCE, timestamp, True, samples, duration_seconds=time.perf_counter() - start, meta=meta)

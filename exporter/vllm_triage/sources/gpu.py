@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from ..model import GPU_SOURCE, Labels, Reading, SeriesKey, make_labels
+from ..model import GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, Reading, SeriesKey, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class GpuSource:
         self._xid_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._processes: list[dict[str, Any]] = []
+        self._processes: list[ComputeProcess] = []
         self._processes_at: float | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -272,10 +272,10 @@ class GpuSource:
             reading = Reading(GPU_SOURCE, timestamp, False, error=exc.message, error_reason=exc.reason, duration_seconds=time.perf_counter() - start)
             self._log_state(reading)
             return reading
-        meta: dict[str, Any] = {
-            "gpus": [{"gpu": d.index, "uuid": d.uuid, "name": d.name, "gpm": d.gpm, "nvlink": d.nvlink} for d in self._devices or []],
-            "selection": self._rule,
-        }
+        meta = GpuMeta(
+            gpus=[GpuEntry(gpu=d.index, uuid=d.uuid, name=d.name, gpm=d.gpm, nvlink=d.nvlink) for d in self._devices or []],
+            selection=self._rule,
+        )
         if self._unsupported:
             meta["unsupported"] = sorted(self._unsupported)
         meta["compute_processes"] = self._compute_processes()
@@ -292,13 +292,13 @@ class GpuSource:
         self._log_state(reading)
         return reading
 
-    def _compute_processes(self) -> list[dict[str, Any]]:
+    def _compute_processes(self) -> list[ComputeProcess]:
         """The processes holding memory on the watched GPUs (NVML's pids: the host's, which match the sidecar's only
         where it shares the host's process namespace), read every PROCESS_LIST_SECONDS: who holds a GPU an orphaned
         engine core keeps."""
         if self._processes_at is not None and self.clock() - self._processes_at < PROCESS_LIST_SECONDS:
             return self._processes
-        listed: list[dict[str, Any]] = []
+        listed: list[ComputeProcess] = []
         for device in self._devices or []:
             try:
                 running = self._field("compute_processes", partial(self._nvml.nvmlDeviceGetComputeRunningProcesses, device.handle)) or []
@@ -306,7 +306,7 @@ class GpuSource:
                 continue
             for process in running[:MAX_COMPUTE_PROCESSES]:
                 used = getattr(process, "usedGpuMemory", None)
-                listed.append({"gpu": device.index, "pid": int(process.pid), "used_bytes": float(used) if isinstance(used, int) else None})
+                listed.append(ComputeProcess(gpu=device.index, pid=int(process.pid), used_bytes=float(used) if isinstance(used, int) else None))
         self._processes, self._processes_at = listed, self.clock()
         return listed
 
@@ -434,7 +434,7 @@ class GpuSource:
         state = reading.error_reason or "ok"
         if state != self._last_state:
             if reading.ok and not reading.error:
-                log.info("GPU source: reading %d GPU(s)", len(reading.meta.get("gpus", [])))
+                log.info("GPU source: reading %d GPU(s)", len(reading.gpu_meta().get("gpus", [])))
             else:
                 log.warning("GPU source: %s [%s]", reading.error, state)
             self._last_state = state

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from ..model import PROCESS_SOURCE, Reading, SeriesKey, make_labels
+from ..model import PROCESS_SOURCE, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ class _Tracked:
     thread_waits: dict[int, float] = field(default_factory=dict)  # tid -> cumulative seconds runnable but not running
     sampled_at: float | None = None  # when thread_times were read
     threads: int = 0
-    busiest: dict[str, Any] | None = None  # the busiest thread between the last two reads of thread_times
-    neediest: dict[str, Any] | None = None  # the thread that wanted the most CPU (ran + waited for one) between them
+    busiest: ThreadSample | None = None  # the busiest thread between the last two reads of thread_times
+    neediest: ThreadSample | None = None  # the thread that wanted the most CPU (ran + waited for one) between them
     cpus_allowed: int | None = None
 
 
@@ -230,16 +230,16 @@ class ProcessSource:
             self._scan()
             self._scanned_at = now
         samples: dict[SeriesKey, float] = {}
-        processes: list[dict[str, Any]] = []
+        processes: list[ProcessEntry] = []
         for tracked in self._tracked:
             try:
                 processes.append(self._sample(tracked, now, samples))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 self._scanned_at = -math.inf  # restarted or gone: rescan next time
-        meta: dict[str, Any] = {"processes": processes, "binding": self.binding, "ignored_processes": self.ignored, "runnable_tasks": _runnable_tasks()}
+        meta = ProcessMeta(processes=processes, binding=self.binding, ignored_processes=self.ignored, runnable_tasks=_runnable_tasks())
         orphans = [t for t in self._orphans.values() if _alive(t.process)]
         if orphans:
-            meta["orphans"] = [{"pid": t.process.pid, "role": t.role, "title": t.title, "status": _status(t.process)} for t in orphans]
+            meta["orphans"] = [OrphanEntry(pid=t.process.pid, role=t.role, title=t.title, status=_status(t.process)) for t in orphans]
         for role in ("engine_core", "worker"):
             samples[("process_orphaned", make_labels({"role": role}))] = float(sum(1 for t in orphans if t.role == role))
         servers = [t for t in self._tracked if t.role == "api_server"]
@@ -249,7 +249,7 @@ class ProcessSource:
             samples.update(_cgroup_throttling(servers[0].process.pid))
         return Reading(PROCESS_SOURCE, timestamp, True, samples, duration_seconds=time.perf_counter() - start, meta=meta)
 
-    def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> dict[str, Any]:
+    def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> ProcessEntry:
         labels = make_labels({"role": tracked.role, "index": str(tracked.index)})
         proc = tracked.process
         due = tracked.sampled_at is None or tracked.busiest is None or now - tracked.sampled_at >= THREAD_SAMPLE_SECONDS
@@ -263,7 +263,7 @@ class ProcessSource:
                 self._sample_threads(tracked, now, proc.threads())
                 tracked.cpus_allowed = _cpus_allowed(proc)
         out[("process_threads", labels)] = float(tracked.threads)
-        entry: dict[str, Any] = {"pid": proc.pid, "role": tracked.role, "index": tracked.index, "status": status}
+        entry = ProcessEntry(pid=proc.pid, role=tracked.role, index=tracked.index, status=status)
         if tracked.role != "api_server":  # VLLM::Worker_TP1, VLLM::EngineCore_DP1: its ranks (discovery's rank map)
             entry["title"] = tracked.title.split(" ", 1)[0]
         if tracked.busiest is not None:
@@ -286,18 +286,18 @@ class ProcessSource:
             elapsed = now - tracked.sampled_at
             deltas = {tid: value - tracked.thread_times.get(tid, value) for tid, value in times.items()}
             tid, busiest = max(deltas.items(), key=lambda item: item[1], default=(0, 0.0))
-            tracked.busiest = {"tid": tid, "name": _thread_name(pid, tid), "main": tid == pid, "cpu_ratio": round(max(0.0, busiest / elapsed), 3)}
+            tracked.busiest = ThreadSample(tid=tid, name=_thread_name(pid, tid), main=tid == pid, cpu_ratio=round(max(0.0, busiest / elapsed), 3))
             # A thread that waits for a CPU is starved, not idle: what it ran plus what it waited to run is what it wanted.
             waited = {tid: max(0.0, value - tracked.thread_waits.get(tid, value)) for tid, value in waits.items()}
             if waited:
                 tid = max(waited, key=lambda t: waited[t] + max(0.0, deltas.get(t, 0.0)))
-                tracked.neediest = {
-                    "tid": tid,
-                    "name": _thread_name(pid, tid),
-                    "main": tid == pid,
-                    "cpu_ratio": round(max(0.0, deltas.get(tid, 0.0)) / elapsed, 3),
-                    "runqueue_wait_ratio": round(waited[tid] / elapsed, 3),
-                }
+                tracked.neediest = ThreadSample(
+                    tid=tid,
+                    name=_thread_name(pid, tid),
+                    main=tid == pid,
+                    cpu_ratio=round(max(0.0, deltas.get(tid, 0.0)) / elapsed, 3),
+                    runqueue_wait_ratio=round(waited[tid] / elapsed, 3),
+                )
         tracked.thread_times, tracked.thread_waits, tracked.sampled_at, tracked.threads = times, waits, now, len(threads)
 
 

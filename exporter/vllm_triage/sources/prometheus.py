@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from ..config import redact_url
-from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, Reading, SeriesKey, make_labels
+from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, make_labels
 from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import http_failure, read_bounded
@@ -174,7 +174,7 @@ class PrometheusHistory:
         for t in times:
             if found := by_time.get(round(t, 3)):
                 samples, gpus = dcgm_readings(found)
-                readings.append(Reading(GPU_SOURCE, t, True, samples, meta={"gpus": gpus, "selection": "dcgm-exporter's series in Prometheus"}))
+                readings.append(Reading(GPU_SOURCE, t, True, samples, meta=GpuMeta(gpus=gpus, selection="dcgm-exporter's series in Prometheus")))
         return readings
 
     async def _range(self, session: aiohttp.ClientSession, query: str, start: float, end: float, steps: int) -> list[dict[str, Any]]:

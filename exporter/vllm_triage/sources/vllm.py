@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import lru_cache, partial
-from typing import Any, cast
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
 from ..cpu_account import CPU
-from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, bucket_bound, make_labels
+from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, VllmMeta, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
 from . import http_failure, read_bounded, shortened
 
@@ -165,7 +165,7 @@ def parse_page(
     max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH,
     keep: frozenset[str] | None = None,
     memo: SeriesMemo | None = None,
-) -> tuple[dict[SeriesKey, float], dict[str, Any]]:
+) -> tuple[dict[SeriesKey, float], VllmMeta]:
     """Parse an exposition page into normalised vLLM samples plus facts about the page.
 
     Raises ScrapeError for a page that is not exposition text, has no vLLM metrics, or is over the
@@ -223,7 +223,7 @@ def parse_page(
             "too_many_engines",
             f"the page has {len(engines)} engine/model label combinations (e.g. {example}), over the {max_engines} limit (max_engines)",
         )
-    facts: dict[str, Any] = {"series": len(samples)}
+    facts = VllmMeta(series=len(samples))
     if used_old_names:
         facts["old_names"] = sorted(used_old_names)
     if dropped:

@@ -18,6 +18,7 @@ def _gpu_busy_not_computing(j: Judge) -> Term:
 
 GPU_BUSY_NOT_COMPUTING = Condition(
     id="gpu_busy_not_computing",
+    precedence=110,
     layer="3",
     severity="warning",
     summary="The GPU looks busy (util.gpu) but its SMs are idle",
@@ -47,6 +48,7 @@ def _memory_bandwidth_bound(j: Judge) -> Term:
 
 MEMORY_BANDWIDTH_BOUND = Condition(
     id="memory_bandwidth_bound",
+    precedence=150,
     layer="3",
     severity="info",
     summary="The GPU is limited by memory bandwidth",
@@ -83,6 +85,7 @@ def _compute_bound(j: Judge) -> Term:
 
 COMPUTE_BOUND = Condition(
     id="compute_bound",
+    precedence=160,
     layer="3",
     severity="info",
     summary="The GPU is doing useful work at its compute limit",
@@ -119,6 +122,7 @@ def _pcie_saturated(j: Judge) -> Term:
 
 PCIE_SATURATED = Condition(
     id="pcie_saturated",
+    precedence=100,
     layer="3",
     severity="warning",
     summary="Host<->GPU copies fill the PCIe link",
@@ -143,6 +147,7 @@ def _pcie_link_degraded(j: Judge) -> Term:
 
 PCIE_LINK_DEGRADED = Condition(
     id="pcie_link_degraded",
+    precedence=90,
     layer="3",
     severity="warning",
     summary="The PCIe link runs below its maximum generation or width while the GPU is busy",
@@ -167,6 +172,7 @@ def _gpu_throttled(j: Judge) -> Term:
 
 GPU_THROTTLED = Condition(
     id="gpu_throttled",
+    precedence=80,
     layer="3",
     severity="warning",
     summary="GPU clocks are braked by hardware slowdown, heat or power",

@@ -4,7 +4,7 @@ each entry beside its predicate."""
 from __future__ import annotations
 
 from ...model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
-from ..condition import Condition, Threshold
+from ..condition import FROZEN, Condition, Threshold
 from ..judge import Judge, Term, all_of, any_of, sm_activity_words
 
 
@@ -97,6 +97,8 @@ def _starvation_cause(j: Judge, python: bool) -> None:
 
 GPU_STARVED = Condition(
     id="gpu_starved",
+    precedence=50,
+    suppressed_by=(FROZEN,),
     notes=("host",),
     layer="1+3",
     severity="warning",

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 
 from ...model import VLLM_SOURCE
-from ..condition import Condition, Threshold
+from ..condition import FROZEN, Condition, Threshold
 from ..judge import Judge, Term, all_of, any_of, sm_activity_words
 
 
@@ -40,6 +40,7 @@ def _vllm_unreachable(j: Judge) -> Term:
 
 VLLM_UNREACHABLE = Condition(
     id="vllm_unreachable",
+    precedence=10,
     notes=("orphans",),
     layer="1",
     severity="critical",
@@ -189,6 +190,7 @@ def _stall_evidence(j: Judge) -> None:
 
 ENGINE_WEDGED = Condition(
     id="engine_wedged",
+    precedence=20,
     stack_dump_role="engine_core",
     fails_engine_liveness=True,
     layer="1+3",
@@ -371,6 +373,7 @@ _CAPACITY_ACTIONS = (
 
 KV_CACHE_SATURATED = Condition(
     id="kv_cache_saturated",
+    precedence=40,
     notes=("max_num_seqs",),
     layer="1",
     severity="critical",
@@ -469,6 +472,8 @@ def _queue_backlog(j: Judge) -> Term:
 
 QUEUE_BACKLOG = Condition(
     id="queue_backlog",
+    precedence=70,
+    suppressed_by=(FROZEN,),
     notes=("max_num_seqs",),
     layer="1",
     severity="warning",
@@ -540,6 +545,7 @@ def _preemption_storm(j: Judge) -> Term:
 
 PREEMPTION_STORM = Condition(
     id="preemption_storm",
+    precedence=60,
     layer="1",
     severity="warning",
     summary="vLLM is preempting requests at a high rate",
@@ -590,6 +596,12 @@ def _requests_queue(signals: Mapping[str, float | None]) -> str | None:
 
 CLIENT_UNDERLOAD = Condition(
     id="client_underload",
+    precedence=170,
+    suppressed_by=(
+        FROZEN,
+        ("gpu_starved", "pending work with idle SMs and a saturated host thread is starvation, not underload"),
+        ("queue_backlog", "requests wait in the queue: the server, not the clients, is the limit"),
+    ),
     notes=("max_num_seqs",),
     layer="1+3",
     severity="info",
@@ -649,6 +661,7 @@ def _ttft_high(j: Judge) -> Term:
 
 TTFT_HIGH = Condition(
     id="ttft_high",
+    precedence=130,
     layer="1",
     severity="warning",
     summary="Time to first token p95 is above the SLO",
@@ -698,6 +711,7 @@ def _advise_batched_tokens(j: Judge) -> None:
 
 ITL_HIGH = Condition(
     id="itl_high",
+    precedence=140,
     layer="1+3",
     severity="warning",
     summary="Inter-token latency p95 is above the SLO",
@@ -728,6 +742,7 @@ def _request_errors(j: Judge) -> Term:
 
 REQUEST_ERRORS = Condition(
     id="request_errors",
+    precedence=30,
     layer="1",
     severity="warning",
     summary="Requests finish with errors",
@@ -766,6 +781,7 @@ def _prefix_cache_ineffective(j: Judge) -> Term:
 
 PREFIX_CACHE_INEFFECTIVE = Condition(
     id="prefix_cache_ineffective",
+    precedence=190,
     layer="1",
     severity="info",
     summary="Prefix caching stopped hitting",
@@ -808,6 +824,7 @@ def _kv_fragmentation_suspected(j: Judge) -> Term:
 
 KV_FRAGMENTATION_SUSPECTED = Condition(
     id="kv_fragmentation_suspected",
+    precedence=120,
     layer="1+3",
     severity="warning",
     summary="KV blocks are held beyond the tokens that live in them",
@@ -852,6 +869,7 @@ def _spec_decode_ineffective(j: Judge) -> Term:
 
 SPEC_DECODE_INEFFECTIVE = Condition(
     id="spec_decode_ineffective",
+    precedence=180,
     layer="1",
     severity="info",
     summary="Speculative decoding's drafts are mostly rejected: it costs more than it saves",
