@@ -25,7 +25,7 @@ from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
-from .registry import SourceLoop, build_sources
+from .registry import build_sources, start_sources
 from .report import format_report, format_transition
 from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 from .webconfig import load_web_config
@@ -254,27 +254,19 @@ async def observe(config: Config, seconds: float, writer: CaptureWriter | None =
     """Run the configured sources for `seconds`, each on its own interval; return what they read."""
     readings: list[Reading] = []
 
-    def keep(reading: Reading) -> None:
+    async def keep(reading: Reading) -> None:
         readings.append(reading)
         if writer is not None:
             writer.write(reading)
 
     loops = build_sources(config, steady_wall_clock(), lambda: next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
-    deadline = time.monotonic() + seconds
-
-    async def run(loop_: SourceLoop, started: float) -> None:
-        while started + loop_.interval <= deadline:
-            await asyncio.sleep(max(0.0, loop_.interval - (time.monotonic() - started)))
-            started = time.monotonic()
-            keep(await loop_.collect())
-
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(seconds, stop.set)
     try:
-        # One round in order first: the GPU source maps the processes found to their GPUs.
-        for loop_ in loops:
-            keep(await loop_.collect())
-        now = time.monotonic()
-        await asyncio.gather(*(run(loop_, now) for loop_ in loops))
+        # a reading under way when the time is up is kept: the last py-spy window or scrape is whole
+        await (await start_sources(loops, keep, stop))
     finally:
+        stop.set()
         for loop_ in loops:
             await loop_.close()
     return readings

@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -24,7 +24,7 @@ from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
 from .pipeline import Pipeline, replay
-from .registry import SourceLoop, build_sources
+from .registry import SourceLoop, build_sources, every, start_sources
 from .server import make_app, serve
 from .sources.gil import dump_stacks
 from .webconfig import WebConfig
@@ -141,20 +141,6 @@ class Daemon:
             if old is not None and old != verdict.state and "active" in (old, verdict.state):
                 log.warning("condition %s: %s -> %s (%s)", verdict.condition, old, verdict.state, verdict.summary)
 
-    async def _every(self, seconds: float, name: str, body: Callable[[], Awaitable[None]]) -> None:
-        """Run `body` every `seconds`; an exception is logged and the loop goes on."""
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                await body()
-            except Exception:
-                log.exception("%s loop failed; continuing", name)
-            delay = max(0.0, seconds - (time.monotonic() - started))
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
-
     async def _check_config(self) -> None:
         """A changed config file is loaded: a valid one ends run() so that serve_forever continues with a
         daemon made from it (vLLM and the pod are untouched; the readings are taken over); an invalid one
@@ -268,18 +254,10 @@ class Daemon:
             tasks.append(asyncio.create_task(self._demo_loop()))
         else:
             loops = build_sources(config, self.clock, lambda: self.pipeline.store.latest(PROCESS_SOURCE))
-            for loop_ in loops:
-                if loop_.name == PROCESS_SOURCE:  # first: the GPU source maps vLLM's processes to GPUs
-                    await self._ingest(await loop_.collect())
-            for loop_ in loops:
-
-                async def collect(loop_: SourceLoop = loop_) -> None:
-                    await self._ingest(await loop_.collect())
-
-                tasks.append(asyncio.create_task(self._every(loop_.interval, loop_.name, collect)))
-        tasks.append(asyncio.create_task(self._every(config.tick_seconds / self.speed, "tick", self._tick)))
+            tasks.append(await start_sources(loops, self._ingest, self._stop))
+        tasks.append(asyncio.create_task(every(config.tick_seconds / self.speed, "tick", self._tick, self._stop)))
         if self.watch is not None:
-            tasks.append(asyncio.create_task(self._every(CONFIG_CHECK_SECONDS, "config", self._check_config)))
+            tasks.append(asyncio.create_task(every(CONFIG_CHECK_SECONDS, "config", self._check_config, self._stop)))
         try:
             await self._stop.wait()
         finally:

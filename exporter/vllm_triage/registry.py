@@ -6,6 +6,8 @@ this table: adding a source is an entry here plus its module in sources/ and its
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +25,8 @@ from .sources.gil import GilSource
 from .sources.gpu import GpuSource
 from .sources.process import ProcessSource
 from .sources.vllm import VllmSource
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 LatestProcesses = Callable[[], Reading | None]  # the last process Reading: who vLLM's processes are
@@ -50,6 +54,37 @@ class SourceSpec:
     scope_labels: tuple[str, ...] = ()
     lookback_seconds: float = 0.0  # its window (and history) is at least this long
     exports_latest: bool = False  # its last reading is exported as read (vllm_triage_<name>_*), like dcgm-exporter
+
+
+async def every(seconds: float, name: str, body: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Run `body` every `seconds` until `stop` is set; an exception is logged and the loop goes on."""
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            await body()
+        except Exception:
+            log.exception("%s loop failed; continuing", name)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds - (time.monotonic() - started)))
+        except asyncio.TimeoutError:
+            pass
+
+
+async def start_sources(loops: list[SourceLoop], ingest: Callable[[Reading], Awaitable[None]], stop: asyncio.Event) -> asyncio.Task[None]:
+    """The one scheduler of the sources (the daemon's and `record`'s): the process source is read once first, before
+    this returns (the GPU source maps vLLM's processes to their GPUs); the task returned runs each source on its own
+    interval until `stop`."""
+    for loop_ in loops:
+        if loop_.name == PROCESS_SOURCE:
+            await ingest(await loop_.collect())
+
+    async def collect(loop_: SourceLoop) -> None:
+        await ingest(await loop_.collect())
+
+    async def run() -> None:
+        await asyncio.gather(*(every(loop_.interval, loop_.name, partial(collect, loop_), stop) for loop_ in loops))
+
+    return asyncio.create_task(run())
 
 
 async def _nothing() -> None:
