@@ -99,12 +99,9 @@ fuzz: $(VENV)/.installed
 scenarios: $(VENV)/.installed vllm-env
 	$(BIN)/python -m bench.scenarios
 
+# The benchmarks on this machine, written to docs/performance.md with the machine and the commit (~15 min).
 bench: $(VENV)/.installed vllm-env
-	$(BIN)/python -m bench.sidecar_overhead
-	$(BIN)/python -m bench.scrape_bursts
-	$(BIN)/python -m bench.many_engines
-	$(BIN)/python -m bench.many_gpus
-	$(BIN)/python -m bench.detection_latency
+	$(BIN)/python -m bench.performance
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, Condition, gpu
+from vllm_triage.diagnosis.conditions import CONDITIONS, Condition, gpu, host, vllm
 from vllm_triage.exposition import exported_signal
 
 from .rules import RECORDING_RULES, RUNBOOK_URL
@@ -406,6 +406,54 @@ def overview() -> dict[str, Any]:
             description="Links downtrain at idle on purpose; below max while busy is pcie_link_degraded.",
         )
     )
+    lay.row("Layer 3: the GPUs as ranks (a tensor-parallel group runs at its slowest GPU's pace)")
+    pod = "cluster, namespace, pod"
+    ranked = f"* on ({pod}, gpu) group_left (engine, pp_rank, tp_rank) vllm_triage_rank_info{{{SIDECAR}}}"
+    lay.add(
+        timeseries(
+            "SM activity by rank",
+            [(f"vllm_triage_gpu_window_sm_activity_ratio{{{GPU}}} {ranked} or vllm_triage_gpu_window_sm_activity_ratio{{{GPU}}}", "TP{{tp_rank}} GPU {{gpu}}")],
+            unit="percentunit",
+            max_value=1,
+            description="Each GPU labelled with the rank that runs on it (vllm_triage_rank_info); a GPU whose rank is not known shows alone. "
+            "In a group the ranks move together: one apart from the others is tp_straggler's.",
+        )
+    )
+    lay.add(
+        timeseries(
+            "Skew across the GPUs",
+            [
+                (
+                    f'min by ({pod}) (vllm_triage_gpu_window_sm_clock_hertz{{{GPU},stat="mean"}}) '
+                    f'/ max by ({pod}) (vllm_triage_gpu_window_sm_clock_hertz{{{GPU},stat="mean"}})',
+                    "slowest / fastest SM clock {{pod}}",
+                ),
+                (
+                    f"max by ({pod}) (vllm_triage_gpu_window_sm_activity_ratio{{{GPU}}}) - min by ({pod}) (vllm_triage_gpu_window_sm_activity_ratio{{{GPU}}})",
+                    "SM activity, busiest - idlest {{pod}}",
+                ),
+                _threshold("tp_straggler", "clock_to_peers_max"),
+            ],
+            unit="percentunit",
+            description="1 and 0 when the GPUs move together (and on one GPU); a clock ratio under tp_straggler's threshold is a braked GPU.",
+        )
+    )
+    links = f"vllm_triage_gpu_window_pcie_bytes_per_second{{{GPU}}}"
+    nvlink = f"vllm_triage_gpu_window_nvlink_bytes_per_second{{{GPU}}}"
+    tokens = f"sum by ({pod}) (vllm_triage_vllm_prompt_tokens_per_second{{{VLLM}}} + vllm_triage_vllm_generation_tokens_per_second{{{VLLM}}})"
+    lay.add(
+        timeseries(
+            "Interconnect per processed token",
+            [
+                (f"avg by ({pod}) ({links}) / {tokens}", "PCIe per GPU per token {{pod}}"),
+                (f"(avg by ({pod}) ({nvlink}) or avg by ({pod}) ({links}) * 0) / {tokens}", "NVLink per GPU per token {{pod}}"),
+                _threshold("communication_bound", "bytes_per_token_min"),
+            ],
+            unit="bytes",
+            description="Bytes each GPU moves per prompt or generated token: a tensor-parallel all-reduce moves about 4 x layers x "
+            "hidden bytes per token. NVLink 0: no NVLink up (the collectives go over PCIe).",
+        )
+    )
     lay.row("Layer 3: host (the engine core and the API server can starve the GPU; busy workers cannot)")
     lay.add(
         timeseries(
@@ -491,11 +539,11 @@ def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str
     return shown
 
 
+# One row per layer module of the condition table, in its order: a new condition gets its panel where it is written.
+# vllm_unreachable reads no windowed signal: its evidence is the overview's source health row.
 FAMILIES = (
-    ("Engine: is it producing tokens", ("engine_wedged",)),
-    ("Capacity: KV cache and queue", ("kv_cache_saturated", "queue_backlog", "preemption_storm", "kv_fragmentation_suspected", "client_underload")),
-    ("Latency and errors", ("ttft_high", "itl_high", "request_errors", "prefix_cache_ineffective", "spec_decode_ineffective")),
-    ("Host", ("gpu_starved",)),
+    ("vLLM: tokens, capacity, latency, errors", tuple(c.id for c in vllm.CONDITIONS if c.id != "vllm_unreachable")),
+    ("Host: vLLM's processes and ranks", tuple(c.id for c in host.CONDITIONS)),
     ("GPU", tuple(c.id for c in gpu.CONDITIONS)),
 )
 

@@ -17,8 +17,9 @@ from .signals.window import window as signals_window
 from .store import Store
 
 DEFAULT_STALE_AFTER_SECONDS = 15.0
-# Signals judged once for the server, not per scope (vllm_unreachable reads them).
-GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds")
+# Signals of the whole server, not of one scope: vllm_unreachable's, and the parallel layout the rank map found (the
+# largest tensor-parallel group and the data-parallel engines; absent while no vLLM process is visible).
+GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds", "vllm_tensor_parallel_size", "vllm_parallel_engines")
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Derived:
             found.max_num_seqs_text,
             tuple(found.host_notes()) if "host" in wants.notes else (),
             tuple(found.orphan_notes()) if "orphans" in wants.notes else (),
+            tuple(found.lost_rank_notes()) if "lost_ranks" in wants.notes else (),
         )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 
@@ -97,11 +99,15 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
     sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
     health = {s.source: s for s in sources}
     fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
+    found = discover(store, configured_max_num_seqs)
+    ranks = found.ranks()
     global_signals = {
         "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
         "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
+        "vllm_tensor_parallel_size": float(1 + max(r["tp_rank"] for r in ranks)) if ranks else None,
+        "vllm_parallel_engines": float(len({r["dp_rank"] for r in ranks})) if ranks else None,
     }
-    return Derived(store, now, sources, health, fresh, discover(store, configured_max_num_seqs), global_signals)
+    return Derived(store, now, sources, health, fresh, found, global_signals)
 
 
 def _fresh(health: SourceHealth, now: float, stale_after: float) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hardware import GpuPeak, gpu_peak
-from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, OrphanEntry, ProcessEntry, ProcessMeta
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta
 from .signals.window import ServerFacts
 from .store import Store
 
@@ -57,6 +57,7 @@ class Discovery:
     runnable_tasks: int | None = None  # threads runnable on the host at the newest process reading
     orphans: tuple[OrphanEntry, ...] = ()  # engine cores and workers that outlived their API server
     gpu_processes: tuple[ComputeProcess, ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
+    lost_workers: tuple[LostWorker, ...] = ()  # workers gone while their engine core runs on
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -109,6 +110,14 @@ class Discovery:
             )
         return notes
 
+    def lost_rank_notes(self) -> list[str]:
+        """'worker VLLM::Worker_TP1 (pid 42) is gone (exited) while its engine core (pid 40) runs on: ...', one per worker."""
+        return [
+            f"worker {w['title']} (pid {w['pid']}) is {'gone (exited)' if w['status'] == 'gone' else w['status']} while its engine core "
+            f"(pid {w['engine_core_pid']}) runs on: the other ranks wait for it in their next collective"
+            for w in self.lost_workers
+        ]
+
     def ranks(self) -> list[dict[str, Any]]:
         """The rank map: each process that runs the model (vLLM's workers, one per GPU; with neither tensor nor pipeline
         parallelism, the engine core itself) with its data-, pipeline- and tensor-parallel rank, read from its title
@@ -146,6 +155,7 @@ class Discovery:
             "api_server_args": self.api_server_args,
             "processes": list(self.processes),
             "orphans": list(self.orphans),
+            "lost_workers": list(self.lost_workers),
             "process_binding": self.process_binding,
             "ignored_processes": self.ignored_processes,
             "gpus": list(self.gpus),
@@ -171,7 +181,8 @@ def parallelism_lines(ranks: list[dict[str, Any]]) -> list[str]:
         )
         gpus = sorted({g for r in group for g in r["gpus"]})
         on = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
-        missing = "" if all(r["gpus"] for r in group) else " (NVML lists no memory under some ranks' pids: another pid namespace, or not loaded yet)"
+        whose = "its pid" if len(group) == 1 else "some ranks' pids"
+        missing = "" if all(r["gpus"] for r in group) else f" (NVML lists no memory under {whose}: another pid namespace, or not loaded yet)"
         lines.append(f"engine {engine}: TP={tp}{f', PP={pp}' if pp > 1 else ''}, {len(group)} rank{'s' if len(group) > 1 else ''}{on}: {where}{missing}")
     return lines
 
@@ -219,4 +230,5 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     runnable = found.get("runnable_tasks")
     orphans = tuple(found.get("orphans", ()))
     held = tuple(gpu_found.get("compute_processes", ()))
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held)
+    lost = tuple(found.get("lost_workers", ()))
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost)

@@ -30,6 +30,7 @@ LATEST_HELP = {
     "process_thread_runqueue_wait_ratio": "Seconds per second the process's neediest thread waited runnable for a CPU (schedstat) since the previous sample.",
     "process_thread_cpu_demand_ratio": "The process's neediest thread's CPU run plus waited for, share of one core, since the previous sample.",
     "process_orphaned": "vLLM processes of the role (engine core, worker) that outlived their API server: they hold their GPU memory; kill them.",
+    "process_lost": "vLLM workers (ranks) gone, exited or zombies, while the engine core that ran them runs on: its other ranks wait in a collective.",
     "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
     "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
     "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
@@ -61,6 +62,7 @@ LATEST_HELP = {
     "gpu_nvlink_tx_bytes_per_second": "NVLink transmit throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
     "gpu_nvlink_rx_bytes_per_second": "NVLink receive throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
     "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
+    "gpu_foreign_compute_processes": "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's).",
 }
 
 

@@ -62,12 +62,20 @@ class OrphanEntry(TypedDict, total=False):
     status: str
 
 
+class LostWorker(TypedDict):
+    pid: int
+    title: str  # VLLM::Worker_TP1: its ranks
+    status: str  # psutil's; "gone" once exited
+    engine_core_pid: int  # the engine core that ran it, alive
+
+
 class ProcessMeta(TypedDict, total=False):
     processes: list[ProcessEntry]
     binding: str  # how the processes were tied to the scraped server
     ignored_processes: int  # vLLM-titled processes of other servers
     runnable_tasks: int | None  # threads runnable on the host
     orphans: list[OrphanEntry]  # engine cores and workers that outlived their API server
+    lost_workers: list[LostWorker]  # workers gone while their engine core runs
     api_server_args: dict[str, Any]  # its command line's flags, parsed
     api_server_pid: int
 

@@ -52,6 +52,7 @@ class Scenario:
     #   kill_api_server: SIGKILL the API server alone (an OOM kill); its engine core lives on
     #   kill_vllm: SIGKILL the API server and every engine core (a crash, a node's OOM killer); nothing listens after
     #   launch: vLLM started now (the sidecar records from before its launch, a pod's rollout); the phase lasts until it answers
+    #   foreign_process: another program (bf16 matmuls in torch) computes on vLLM's GPU for the rest of the phase
     actions: tuple[tuple[str, float, str, float], ...] = ()
 
 
@@ -141,6 +142,23 @@ SCENARIOS = {
         "gpu_starved within 90 s with cause cpu_contention, the engine core's thread waiting for its CPU in the evidence; "
         "tokens per second and SM activity well below serving's. It clears after recovered starts.",
         actions=(("contended", 0.0, "contend", 3.0),),
+    ),
+    # Another program computing on vLLM's GPU (a training job or a notebook left on a shared GPU): in a tensor-parallel
+    # group the rank on that GPU is the straggler; here, one GPU, what NVML and GPM read of it.
+    "foreign": Scenario(
+        "wide",
+        ("--max-num-seqs", "256", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (
+            Phase("idle", 10),
+            Phase("serving", 60, 128, 300, 128),
+            Phase("shared", 90, 128, 300, 128),
+            Phase("recovered", 60, 128, 300, 128),
+            Phase("idle", 10),
+        ),
+        "shared (another process running bf16 matmuls on the GPU): NVML lists it beside vLLM's engine core, "
+        "gpu_foreign_compute_processes 1 (0 in serving and recovered); SM activity above serving's and vLLM's tokens per "
+        "second below it. No tensor-parallel verdict (one GPU: no group).",
+        actions=(("shared", 0.0, "foreign_process", 0.0),),
     ),
     # KV thrash on the GPU: more sequences admitted than the cache holds (128 on 48 blocks of 16: two requests of
     # 340 tokens fit whole), so vLLM preempts all the time and its sampled gauges may read anything between scrapes.
@@ -371,6 +389,17 @@ async def act(action: str, argument: float, after: float, server: Server, marks:
             for hog in hogs:
                 hog.kill()
             marks.append(("contention_ended", time.time()))
+    elif action == "foreign_process":
+        code = "import torch\nx = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\nwhile True:\n    y = x @ x\n    torch.cuda.synchronize()"
+        other = subprocess.Popen([sys.executable, "-c", code])
+        marks.append(("foreign_started", time.time()))
+        print(f"  another program (pid {other.pid}) computes on the GPU", flush=True)
+        try:
+            await asyncio.sleep(max(0.0, until - time.time()))
+        finally:
+            other.kill()
+            other.wait()
+            marks.append(("foreign_ended", time.time()))
     elif action == "hang_kernel":
         core = engine_core_pid()
         HANG_TRIGGER.write_text(f"{core} {argument}")

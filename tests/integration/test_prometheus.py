@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 
 SIDECAR_CONFIG = FAST_CADENCE + FAST_CONDITIONS
 # a real vLLM on the H200 with all four sources and --enable-mfu-metrics: the efficiency panels have data too
-NEEDS_A_FEATURE = ("spec_decode_ineffective",)  # speculative decoding (a draft model): no data on this vLLM
+# speculative decoding (a draft model), tensor parallelism (its peers and interconnect): no data on these servers
+NEEDS_A_FEATURE = ("spec_decode_ineffective", "tp_straggler", "communication_bound")
 GPU_CAPTURE = REPO / "tests" / "data" / "real-vllm-h200-efficiency_wedge.jsonl.gz"
 # Grafana's "All" (the variables' allValue), then one model, engine and namespace picked as a person would:
 # each panel must show data either way (a filter on a label its series lack blanks it only in the second).

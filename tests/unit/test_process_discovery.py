@@ -330,3 +330,53 @@ def test_the_rank_map_of_the_h200_engine_is_its_engine_core_on_gpu_0_and_says_wh
     found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp + 1).discovery
     assert found["parallelism"][0] == "engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 10), TP1 GPU 1 (worker pid 11)"
     assert found["parallelism"][1].startswith("engine 1: TP=2, 2 ranks: TP0 GPU unknown (worker pid 12), TP1 GPU unknown (worker pid 13) (NVML lists no memory")
+
+
+def test_a_tensor_parallel_rank_that_dies_or_stops_while_its_engine_core_runs_is_the_primary_verdict():
+    """A real process tree titled as a TP=2 vLLM: one worker SIGKILLed (left unreaped, as vLLM's executor may) while the
+    engine core lives on, then, in a second life, one worker SIGSTOPped. vLLM's page meanwhile shows 8 requests running
+    and no token: engine_wedged comes with the stall, tp_rank_lost names the rank and leads."""
+    for kill in (signal.SIGKILL, signal.SIGSTOP):
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-c", FAKE_TP_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert server.stdout is not None
+            core, _, tp1 = map(int, server.stdout.readline().split()[1:])
+            time.sleep(0.3)
+            source = ProcessSource(port=port, clock=lambda: 0.0)
+            before = source.collect()
+            assert before.samples[("process_lost", (("role", "worker"),))] == 0.0 and "lost_workers" not in before.meta
+            os.kill(tp1, kill)
+            time.sleep(0.3)
+            after = source.collect()
+            config = load(env={})
+            store, engine, counters = Store(120), Engine(config.conditions, 60), Counters()
+            verdicts = {}
+            for t in range(0, 62, 2):
+                store.add(page_reading(float(t), page(8, 0, 0.3, counters)))  # 8 running, the token counters frozen
+                store.add(dataclasses.replace(after, timestamp=float(t)))
+                snapshot = evaluate(engine, store, float(t))
+                verdicts[t] = {v.condition: v for v in snapshot.verdicts}
+            lost = verdicts[60]["tp_rank_lost"]
+            if kill == signal.SIGKILL:
+                assert after.samples[("process_lost", (("role", "worker"),))] == 1.0
+                assert [(w["pid"], w["title"], w["engine_core_pid"]) for w in after.meta["lost_workers"]] == [(tp1, "VLLM::Worker_TP1", core)]
+                assert verdicts[8]["tp_rank_lost"].state == "inactive" and verdicts[10]["tp_rank_lost"].state == "active"  # for 10 s
+                assert lost.cause == "exited"
+                assert any(f"worker VLLM::Worker_TP1 (pid {tp1}) is zombie while its engine core (pid {core}) runs on" in e.text for e in lost.evidence)
+                assert snapshot.discovery["lost_workers"][0]["pid"] == tp1
+            else:
+                assert after.samples[("process_lost", (("role", "worker"),))] == 0.0  # stopped, not gone
+                assert verdicts[20]["tp_rank_lost"].state == "inactive" and verdicts[30]["tp_rank_lost"].state == "active"  # 20 s, then for 10 s
+                assert lost.cause == "stopped"
+            assert lost.role == "primary" and verdicts[60]["engine_wedged"].state == "active"  # the stall, named by its cause
+            os.kill(core, signal.SIGKILL)  # the engine core exits too (vLLM's shutdown, a restart): the rank is forgotten
+            time.sleep(0.3)
+            assert source.collect().samples[("process_lost", (("role", "worker"),))] == 0.0
+        finally:
+            for child in psutil.Process(server.pid).children(recursive=True):
+                child.kill()
+            server.kill()
+            server.wait()

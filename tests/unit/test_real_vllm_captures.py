@@ -16,6 +16,7 @@
 - rollout: recorded from the pod's start: the 1B model loading (vLLM launched 5 s in, answering 107 s later), then 16
   clients.
 - killed: the 1B model, 16 clients, then every vLLM process SIGKILLed; nothing answers for 3 minutes.
+- foreign: the wide model, 128 clients; another program runs bf16 matmuls on the same GPU for 90 s.
 """
 
 from __future__ import annotations
@@ -371,3 +372,30 @@ def test_vllm_killed_is_unreachable_within_35_s_and_held_while_nothing_answers()
     assert not [s.timestamp for s in snapshots if verdict(s, "engine_wedged").active]
     assert not [s.timestamp for s in snapshots if s.timestamp < marks["vllm_killed"] and active(s)]
     assert first.primary == "vllm_unreachable" and not first.vllm_starting
+
+
+def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises_on_one_gpu():
+    """Default settings. Another program computed on the H200 beside vLLM for 90 s under 128 clients. The truth written
+    before the run: NVML lists it beside the engine core (gpu_foreign_compute_processes 1 while it ran, 0 before and
+    after), SM activity above serving's; no tensor-parallel verdict (one GPU)."""
+    marks = marks_of("foreign")
+    path, _ = capture("foreign")
+    counts = [
+        (r.timestamp, v)
+        for r in read_readings(path)
+        if r.source == "gpu" and r.ok
+        for (name, _), v in r.samples.items()
+        if name == "gpu_foreign_compute_processes"
+    ]
+    started, ended = marks["foreign_started"], marks["foreign_ended"]
+    # NVML's list is read every 10 s (PROCESS_LIST_SECONDS): the program is listed from its first allocation to its exit
+    assert {v for t, v in counts if t < started or t > ended + 10} == {0.0}
+    assert {v for t, v in counts if started + 10 <= t <= ended} == {1.0}
+    snapshots = replayed("foreign", load(env={}))
+
+    def sm_activity_at(moment: float) -> float:  # the window mean of the 60 s before it
+        return [s for s in snapshots if s.timestamp <= moment][-1].signals["gpu:0"]["gpu_sm_activity_ratio"]
+
+    serving, shared = sm_activity_at(marks["shared"]), sm_activity_at(ended)
+    assert shared > serving + 0.1, (serving, shared)
+    assert not [s.timestamp for s in snapshots if {"tp_straggler", "communication_bound", "tp_rank_lost"} & active(s)]

@@ -254,9 +254,8 @@ class Engine:
             judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope, active=self._debounce[condition.id].judged == "active")
             if "max_num_seqs" in condition.notes:
                 judge.note(notes.max_num_seqs_text, "max_num_seqs", notes.max_num_seqs)
-            if "host" in condition.notes:
-                for text in notes.host:
-                    judge.note(text)
+            for text in (notes.host if "host" in condition.notes else ()) + (notes.lost_ranks if "lost_ranks" in condition.notes else ()):
+                judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]
         if holding:

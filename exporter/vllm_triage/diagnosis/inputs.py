@@ -20,6 +20,7 @@ class Notes:
     max_num_seqs_text: str = ""  # where max_num_seqs came from
     host: tuple[str, ...] = ()  # vLLM's processes, their busiest and neediest threads, the functions holding the GIL
     orphans: tuple[str, ...] = ()  # processes that outlived their API server, and the GPU memory they hold
+    lost_ranks: tuple[str, ...] = ()  # workers gone while their engine core runs on
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from itertools import zip_longest
 from typing import cast
 
+from ..scope import AGGREGATE_SCOPE, parse_scope
 from .window import SignalContext, SignalDef, label_value, mean_of
 
 # GPU signals (layer 3), per GPU scope `gpu:<index>`; the aggregate (scope "all") averages the
@@ -144,6 +146,55 @@ def _power_to_limit(ctx: SignalContext) -> float | None:
     return mean_of([r["gpu_power_watts"] / r["gpu_power_limit_watts"] for r in rows]) if rows else None
 
 
+def _link_bytes(tx: str, rx: str) -> Callable[[SignalContext], float | None]:
+    """Mean of a link's two directions together over the window (the scope's GPUs averaged)."""
+
+    def compute(ctx: SignalContext) -> float | None:
+        rows = _frames(ctx, (tx, rx))
+        return mean_of([r[tx] + r[rx] for r in rows]) if rows else None
+
+    return compute
+
+
+def _each_gpu_mean(ctx: SignalContext, metric: str) -> dict[str, float]:
+    """Every watched GPU's window mean of a metric, by GPU scope (the peers of a tensor-parallel group)."""
+
+    def compute() -> dict[str, float]:
+        means = {}
+        for scope in ctx.view.scopes():
+            if parse_scope(scope).kind == "gpu" and (points := ctx.view.gauge_points(metric, scope, mean_of)):
+                means[scope] = mean_of(points)
+        return means
+
+    return ctx.view.once(("each_gpu_mean", metric), compute)
+
+
+def _peers(ctx: SignalContext) -> float | None:
+    gpus = [s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu"]
+    return float(len(gpus) - 1) if gpus else None
+
+
+def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -> Callable[[SignalContext], float | None]:
+    """This GPU's window mean over the median of the other watched GPUs' (the first metric the GPUs have); for the
+    aggregate, the most outlying GPU's (`worst` of them all)."""
+
+    def ratio(means: dict[str, float], scope: str) -> float | None:
+        peers = [value for other, value in means.items() if other != scope]
+        middle = statistics.median(peers) if peers else 0.0
+        return means[scope] / middle if scope in means and middle > 0 else None
+
+    def compute(ctx: SignalContext) -> float | None:
+        means = next((m for metric in metrics if len(m := _each_gpu_mean(ctx, metric)) > 1), None)
+        if means is None:
+            return None
+        if ctx.scope == AGGREGATE_SCOPE:
+            ratios = [r for scope in means if (r := ratio(means, scope)) is not None]
+            return worst(ratios) if ratios else None
+        return ratio(means, ctx.scope)
+
+    return compute
+
+
 def _gpu_stats(metric: str, family: str, what: str, stats: tuple[str, ...] = ("mean", "min", "max")) -> list[SignalDef]:
     return [SignalDef(f"{metric}_{stat}", family, f"{what}, {stat} over the window.", _gpu_stat(metric, stat), (("stat", stat),)) for stat in stats]
 
@@ -205,4 +256,36 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
         for reason in ("sw_power_cap", *THROTTLE_REASONS)
     ),
     SignalDef("gpu_power_to_limit_ratio", "power_to_limit_ratio", "Power draw / enforced power limit, mean.", _power_to_limit),
+    *_gpu_stats("gpu_sm_clock_hertz", "sm_clock_hertz", "SM clock, hertz", ("mean",)),
+    SignalDef(
+        "gpu_pcie_bytes_per_second",
+        "pcie_bytes_per_second",
+        "PCIe traffic, both directions together, window mean (per GPU; the GPUs' mean for the aggregate).",
+        _link_bytes("gpu_pcie_tx_bytes_per_second", "gpu_pcie_rx_bytes_per_second"),
+    ),
+    SignalDef(
+        "gpu_nvlink_bytes_per_second",
+        "nvlink_bytes_per_second",
+        "NVLink traffic over all links, both directions together, window mean (absent where no NVLink is up).",
+        _link_bytes("gpu_nvlink_tx_bytes_per_second", "gpu_nvlink_rx_bytes_per_second"),
+    ),
+    *_gpu_stats(
+        "gpu_foreign_compute_processes",
+        "foreign_compute_processes",
+        "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)",
+        ("max",),
+    ),
+    SignalDef("gpu_peers", "peers", "The other GPUs watched beside this one (a tensor-parallel group's peers).", _peers),
+    SignalDef(
+        "gpu_sm_clock_to_peers_ratio",
+        "sm_clock_to_peers_ratio",
+        "The GPU's SM clock (window mean) over the median of its peers'; the slowest GPU's for the aggregate.",
+        _to_peers(("gpu_sm_clock_hertz",), min),
+    ),
+    SignalDef(
+        "gpu_sm_activity_to_peers_ratio",
+        "sm_activity_to_peers_ratio",
+        "The GPU's SM activity (GPM SM active, else util.gpu; window mean) over the median of its peers'; the busiest GPU's for the aggregate.",
+        _to_peers(("gpu_sm_active_ratio", "gpu_utilization_ratio"), max),
+    ),
 )

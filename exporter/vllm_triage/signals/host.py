@@ -73,6 +73,12 @@ def _role_stopped(role: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+def _workers_lost(ctx: SignalContext) -> float | None:
+    """Workers gone (exited, or zombies) while the engine core that ran them runs on, in the newest reading."""
+    points = ctx.view.gauge_points("process_lost", role_scope("worker"), max)
+    return points[-1] if points else None
+
+
 def _cgroup_throttled_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase("process_cgroup_throttled_periods_total", ctx.scope), ctx.view.increase("process_cgroup_periods_total", ctx.scope))
 
@@ -162,6 +168,14 @@ HOST_SIGNALS: tuple[SignalDef, ...] = (
         "stopped",
         "1 when a process of the role can run no code (stopped by a signal or a debugger, or a zombie), in the newest reading.",
         _role_stopped,
+    ),
+    SignalDef(
+        "host_workers_lost",
+        "workers_lost",
+        "vLLM workers (tensor/pipeline-parallel ranks) gone, exited or zombies, while the engine core that ran them runs on, "
+        "in the newest reading: the other ranks wait for them in their next collective.",
+        _workers_lost,
+        (("role", "worker"),),
     ),
     SignalDef(
         "host_cgroup_throttled_ratio",

@@ -278,7 +278,12 @@ class GpuSource:
         )
         if self._unsupported:
             meta["unsupported"] = sorted(self._unsupported)
-        meta["compute_processes"] = self._compute_processes()
+        meta["compute_processes"] = held = self._compute_processes()
+        ours = set(self.vllm_pids())
+        if ours & {p["pid"] for p in held}:  # NVML's pids are this namespace's: a pid that is not vLLM's is another program's
+            for device in self._devices or []:
+                foreign = sum(1 for p in held if p["gpu"] == device.index and p["pid"] not in ours)
+                samples[("gpu_foreign_compute_processes", make_labels({"gpu": str(device.index), "uuid": device.uuid}))] = float(foreign)
         reading = Reading(
             GPU_SOURCE,
             timestamp,

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from ..model import PROCESS_SOURCE, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
+from ..model import PROCESS_SOURCE, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,9 @@ class ProcessSource:
         # Engine cores and workers that outlived the API server they were watched under (SIGKILL, OOM kill): they
         # keep their GPU memory, so a restarted server cannot allocate. Kept until they exit, whatever binds next.
         self._orphans: dict[int, _Tracked] = {}
+        # Workers (ranks) that exited or turned zombie while the engine core that ran them lives on: its other ranks
+        # wait for it in their next collective. Kept while one of those engine cores lives (a restart forgets them).
+        self._lost: dict[int, tuple[_Tracked, list[_Tracked]]] = {}
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
@@ -162,6 +165,7 @@ class ProcessSource:
                     entry.cpus_allowed = previous.cpus_allowed
                 tracked.append(entry)
         self._adopt_orphans()
+        self._note_lost_workers()
         tracked = [t for t in tracked if t.process.pid not in self._orphans]
         self._tracked = tracked  # processes that exited are gone with their state
         self.ignored = len(titled) - len(tracked)
@@ -184,6 +188,16 @@ class ProcessSource:
                     self._orphans.setdefault(old.process.pid, old)
                     log.warning("vLLM %s pid %d outlived its API server (pid %d): it keeps its GPU memory", old.role, old.process.pid, servers[0].process.pid)
         self._orphans = {pid: t for pid, t in self._orphans.items() if _alive(t.process)}
+
+    def _note_lost_workers(self) -> None:
+        """Workers watched before that are gone (or zombies) while an engine core watched with them still runs."""
+        cores = [t for t in self._tracked if t.role == "engine_core" and _alive(t.process)]
+        for old in self._tracked:
+            if old.role == "worker" and cores and not _alive(old.process) and old.process.pid not in self._lost:
+                self._lost[old.process.pid] = (old, cores)
+                title, pid, core = old.title.split(" ", 1)[0], old.process.pid, cores[0].process.pid
+                log.warning("vLLM worker %s (pid %d) is gone while its engine core (pid %d) runs", title, pid, core)
+        self._lost = {pid: (t, cores) for pid, (t, cores) in self._lost.items() if any(_alive(c.process) for c in cores)}
 
     def _bind(self, titled: dict[int, tuple[str, psutil.Process, list[str]]]) -> tuple[set[int], str, bool]:
         """The pids of the vLLM server the sidecar scrapes, how they were found, and whether by its listening
@@ -226,7 +240,7 @@ class ProcessSource:
         start = time.perf_counter()
         timestamp = self.clock()
         now = time.monotonic()
-        if now - self._scanned_at >= RESCAN_SECONDS or not all(t.process.is_running() for t in self._tracked) or self._server_gone():
+        if now - self._scanned_at >= RESCAN_SECONDS or not all(_alive(t.process) for t in self._tracked) or self._server_gone():
             self._scan()
             self._scanned_at = now
         samples: dict[SeriesKey, float] = {}
@@ -242,6 +256,14 @@ class ProcessSource:
             meta["orphans"] = [OrphanEntry(pid=t.process.pid, role=t.role, title=t.title, status=_status(t.process)) for t in orphans]
         for role in ("engine_core", "worker"):
             samples[("process_orphaned", make_labels({"role": role}))] = float(sum(1 for t in orphans if t.role == role))
+        if self._lost and not all(_alive(c.process) for _, cores in self._lost.values() for c in cores):
+            self._scanned_at = -math.inf  # their engine core is gone too: forget them at the next reading
+        samples[("process_lost", make_labels({"role": "worker"}))] = float(len(self._lost))
+        if self._lost:
+            meta["lost_workers"] = [
+                LostWorker(pid=t.process.pid, title=t.title.split(" ", 1)[0], status=_status(t.process), engine_core_pid=cores[0].process.pid)
+                for t, cores in self._lost.values()
+            ]
         servers = [t for t in self._tracked if t.role == "api_server"]
         if servers:
             meta["api_server_args"] = servers[0].args

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ...model import GPU_SOURCE
+from ...model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from ..condition import Condition, Threshold
-from ..judge import Judge, Term, all_of, any_of
+from ..judge import Judge, Term, all_of, any_of, sm_activity_words
 
 
 def _gpu_busy_not_computing(j: Judge) -> Term:
@@ -19,6 +19,7 @@ def _gpu_busy_not_computing(j: Judge) -> Term:
 GPU_BUSY_NOT_COMPUTING = Condition(
     id="gpu_busy_not_computing",
     precedence=110,
+    suppressed_by=(("communication_bound", "in a tensor-parallel group the resident kernels are collectives waiting on the interconnect"),),
     layer="3",
     severity="warning",
     summary="The GPU looks busy (util.gpu) but its SMs are idle",
@@ -187,7 +188,182 @@ GPU_THROTTLED = Condition(
 )
 
 
+def _tensor_parallel_group(j: Judge) -> Term:
+    """The rank map shows one engine whose model is split over two or more GPUs: the watched GPUs are its group."""
+    group = j.compare("vllm_tensor_parallel_size", ">=", "tensor_parallel_min", "tensor-parallel size (vLLM's worker titles)")
+    engines = j.signals.get("vllm_parallel_engines")
+    if group.holds and engines is not None and engines > 1:
+        return j.fact(False, f"{engines:.0f} data-parallel engines: one engine's GPUs are not told apart from another's here", "vllm_parallel_engines", engines)
+    return group
+
+
+def _tp_straggler(j: Judge) -> Term:
+    group = _tensor_parallel_group(j)
+    if not group.holds:
+        return group
+    lags = []
+    if j.signals.get("gpu_sm_clock_to_peers_ratio") is not None:
+        lags.append(j.compare("gpu_sm_clock_to_peers_ratio", "<=", "clock_to_peers_max", "SM clock over the median of its peers' (window means)"))
+    if j.signals.get("gpu_foreign_compute_processes_max") is not None:
+        lags.append(
+            all_of(
+                j.compare("gpu_foreign_compute_processes_max", ">=", "foreign_processes_min", "processes other than vLLM's computing on this GPU"),
+                j.compare("gpu_sm_activity_to_peers_ratio", ">=", "activity_to_peers_min", "its SM activity over the median of its peers' (window means)"),
+            )
+        )
+    if not lags:
+        return j.fact(None, "no SM clock or compute-process reading to compare the group's GPUs by", "gpu_sm_clock_to_peers_ratio")
+    term = all_of(j.compare("gpu_utilization_ratio_mean", ">=", "utilization_min", "util.gpu (window mean): the group is at work", upper=1.0), any_of(*lags))
+    if term.holds:
+        clock = j.signals.get("gpu_sm_clock_to_peers_ratio")
+        if clock is not None and clock <= j.thresholds["clock_to_peers_max"]:
+            j.cause = "clocks"
+            braked = j.signals.get("gpu_throttled_ratio")
+            why = (
+                f"HW slowdown/thermal/power brake set {braked:.0%} of the window"
+                if braked
+                else "no brake reason set: a lower power limit or application clocks"
+            )
+            j.note(
+                f"cause clocks: it runs at {clock:.0%} of its peers' SM clock ({why}); every rank waits for it at each collective",
+                "gpu_throttled_ratio",
+                braked,
+            )
+        else:
+            j.cause = "foreign_process"
+            j.note("cause foreign_process: another program computes on this GPU: its kernels share the SMs with this rank's, and every rank waits for it")
+    return term
+
+
+TP_STRAGGLER = Condition(
+    id="tp_straggler",
+    precedence=75,
+    layer="3",
+    severity="warning",
+    summary="One GPU of a tensor-parallel group lags: the group runs at its pace",
+    meaning=(
+        "The ranks of a tensor-parallel group meet in a collective (an all-reduce) at every layer, so the group runs at the "
+        "pace of its slowest GPU. This GPU lags its peers while the group works: its SM clock runs below theirs (a brake, a "
+        "lower power limit), or another program computes on it and takes SM time from the rank that runs there."
+    ),
+    next_actions=(
+        "cause=clocks: see the GPU's clock reasons (nvidia-smi -q -d PERFORMANCE,POWER): cooling, power delivery, a lower power "
+        "limit or application clocks set on this GPU only; move the pod off a GPU that keeps braking.",
+        "cause=foreign_process: find the other process on this GPU (nvidia-smi; `/diagnosis` -> discovery.gpu_processes) and "
+        "move it away: a GPU of a tensor-parallel vLLM is not shareable without slowing the whole group.",
+        "Check `/diagnosis` -> discovery.ranks for which rank runs on this GPU.",
+    ),
+    predicate=_tp_straggler,
+    reads=(
+        "gpu_sm_clock_to_peers_ratio",
+        "gpu_foreign_compute_processes_max",
+        "gpu_sm_activity_to_peers_ratio",
+        "gpu_utilization_ratio_mean",
+        "gpu_throttled_ratio",
+        "vllm_tensor_parallel_size",
+        "vllm_parallel_engines",
+    ),
+    thresholds=(
+        Threshold("tensor_parallel_min", 2.0, "a tensor-parallel group of at least this many GPUs"),
+        Threshold("utilization_min", 0.5, "util.gpu window mean at or above this (the group is at work)", 0.0, 1.0),
+        Threshold("clock_to_peers_max", 0.9, "its SM clock at or below this share of its peers' median"),
+        Threshold("foreign_processes_min", 1.0, "or at least this many other programs computing on it ..."),
+        Threshold("activity_to_peers_min", 1.15, "... while its SM activity is at least this multiple of its peers' median"),
+    ),
+    sources=(GPU_SOURCE, PROCESS_SOURCE),
+    scope_kind="gpu",
+    causes=("clocks", "foreign_process"),
+    dont=("Do not read the peers' lower SM activity as idle capacity: they wait in the collective for the straggler.",),
+)
+
+
+def _communication_bound(j: Judge) -> Term:
+    group = _tensor_parallel_group(j)
+    if not group.holds:
+        return group
+    pcie, nvlink = j.signals.get("gpu_pcie_bytes_per_second"), j.signals.get("gpu_nvlink_bytes_per_second")
+    tokens = (j.signals.get("prompt_tokens_per_second") or 0.0) + (j.signals.get("generation_tokens_per_second") or 0.0)
+    waiting = all_of(
+        j.compare("gpu_utilization_ratio_mean", ">=", "utilization_min", "util.gpu (window mean): kernels resident, collectives among them", upper=1.0),
+        j.compare("gpu_sm_activity_ratio", "<=", "sm_activity_max", sm_activity_words(j), upper=1.0),
+    )
+    if pcie is None and nvlink is None:
+        return all_of(waiting, j.fact(None, "no PCIe or NVLink throughput reading to tell collectives apart", "gpu_pcie_bytes_per_second"))
+    moved = (pcie or 0.0) + (nvlink or 0.0)
+    if tokens <= 0:
+        return all_of(waiting, j.fact(False, "no token processed in the window: nothing to share out per token (a stall is engine_wedged's)"))
+    per_token = moved / tokens
+    limit = j.thresholds["bytes_per_token_min"]
+    links = f"PCIe {(pcie or 0.0) / 2**20:.1f} MiB/s" + (f" + NVLink {nvlink / 2**20:.1f} MiB/s" if nvlink is not None else "")
+    traffic = j.fact(
+        per_token >= limit,
+        f"interconnect per processed token {per_token / 1024:.0f} KiB ({links} per GPU / {tokens:.0f} tokens/s) "
+        f"{'is' if per_token >= limit else 'is not'} >= {limit / 1024:.0f} KiB (bytes_per_token_min)",
+        "gpu_pcie_bytes_per_second",
+        pcie,
+    )
+    term = all_of(waiting, traffic)
+    if term.holds:
+        if nvlink and nvlink >= (pcie or 0.0):
+            j.cause = "nvlink"
+            j.note("cause nvlink: the collectives go over NVLink and the SMs wait on them: check NVLink errors and link speed (nvidia-smi nvlink -s -e)")
+        else:
+            j.cause = "pcie"
+            j.note(
+                "cause pcie: the collectives go over PCIe, none over NVLink: P2P disabled (NCCL_P2P_DISABLE), no NVLink between these "
+                "GPUs, or traffic staged through host memory (IOMMU/ACS); the SMs wait on it"
+            )
+    return term
+
+
+COMMUNICATION_BOUND = Condition(
+    id="communication_bound",
+    precedence=105,
+    layer="1+3",
+    severity="warning",
+    summary="A tensor-parallel group waits on its collectives: interconnect, not compute, paces it",
+    meaning=(
+        "The GPUs of a tensor-parallel group look busy (kernels resident) while their SMs do little, with the interconnect "
+        "carrying the group's all-reduces for every token processed: the ranks spend the step waiting on each other's "
+        "data. Typical of collectives over PCIe or through host memory (P2P disabled, no NVLink), or of a degraded link."
+    ),
+    next_actions=(
+        "cause=pcie: check P2P (NCCL_P2P_DISABLE unset; `nvidia-smi topo -m`: NV# between the GPUs, not PHB/SYS), IOMMU/ACS "
+        "settings, and NCCL's chosen transport (NCCL_DEBUG=INFO in vLLM's log).",
+        "cause=nvlink: check NVLink state and errors (nvidia-smi nvlink -s -e); a link down halves or worse the group's bandwidth.",
+        "Use fewer tensor-parallel ranks (a smaller TP with more replicas, or pipeline parallelism across the slow link).",
+    ),
+    predicate=_communication_bound,
+    reads=(
+        "gpu_sm_activity_ratio",
+        "gpu_pcie_bytes_per_second",
+        "gpu_nvlink_bytes_per_second",
+        "gpu_utilization_ratio_mean",
+        "gpu_sm_activity_from_gpm",
+        "prompt_tokens_per_second",
+        "generation_tokens_per_second",
+        "vllm_tensor_parallel_size",
+        "vllm_parallel_engines",
+    ),
+    thresholds=(
+        Threshold("tensor_parallel_min", 2.0, "a tensor-parallel group of at least this many GPUs"),
+        Threshold("utilization_min", 0.7, "util.gpu window mean at or above this (kernels resident)", 0.0, 1.0),
+        Threshold("sm_activity_max", 0.5, "SM activity at or below this (the SMs wait)", 0.0, 1.0),
+        Threshold(
+            "bytes_per_token_min",
+            32768.0,
+            "PCIe + NVLink bytes per GPU per processed token at or above this (a TP all-reduce moves about 4 x layers x hidden "
+            "bytes per token in bf16: 128 KiB for a 1B Llama)",
+        ),
+    ),
+    sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
+    causes=("pcie", "nvlink"),
+)
+
+
 CONDITIONS: tuple[Condition, ...] = (
+    TP_STRAGGLER,
+    COMMUNICATION_BOUND,
     GPU_BUSY_NOT_COMPUTING,
     MEMORY_BANDWIDTH_BOUND,
     COMPUTE_BOUND,

@@ -165,4 +165,58 @@ GPU_STARVED = Condition(
 )
 
 
-CONDITIONS: tuple[Condition, ...] = (GPU_STARVED,)
+def _tp_rank_lost(j: Judge) -> Term:
+    if j.signals.get("host_workers_lost") is None and j.signals.get("host_worker_stopped_seconds") is None:
+        if j.signals.get("host_engine_core_cpu_cores") is None:
+            return j.fact(None, "vLLM's processes are not visible (share the pod's process namespace)", "host_workers_lost")
+        return j.fact(False, "no vLLM worker process: the model runs in the engine core (no tensor or pipeline parallelism)", "host_workers_lost")
+    lost = j.compare("host_workers_lost", ">=", "lost_min", "vLLM workers gone while their engine core runs on")
+    if j.signals.get("host_worker_stopped_seconds") is None:  # no worker process watched now: only a lost one can hold
+        term = lost
+    else:
+        term = any_of(lost, j.compare("host_worker_stopped_seconds", ">=", "stopped_seconds_min", "a vLLM worker has been stopped (or a zombie) for", " s"))
+    if term.holds:
+        j.cause = "exited" if lost.holds else "stopped"
+        since = j.signals.get("seconds_since_last_token")
+        if since is not None:
+            j.note(f"last token {since:.0f} s ago", "seconds_since_last_token", since)
+    return term
+
+
+TP_RANK_LOST = Condition(
+    id="tp_rank_lost",
+    precedence=15,
+    notes=("lost_ranks",),
+    layer="3",
+    severity="critical",
+    summary="A tensor/pipeline-parallel rank is gone or stopped: its peers wait for it",
+    meaning=(
+        "One of the engine's workers (a tensor- or pipeline-parallel rank, one per GPU) exited, turned zombie or is stopped "
+        "while the engine core that runs it lives on: the other ranks wait for it in their next collective (an NCCL "
+        "all-reduce spinning on their GPUs) and no token comes, while vLLM's gauges hold their last values. engine_wedged "
+        "follows once the stall passes its bar; this names which rank and why."
+    ),
+    next_actions=(
+        "Restart vLLM (the pod): a parallel group does not continue without a rank, and vLLM does not re-form it.",
+        "cause=exited: find why the worker died: its last lines in vLLM's log (a CUDA error, an exception), the kernel's OOM "
+        "killer (dmesg | grep -i oom; the pod's memory limit), XID errors on its GPU (vllm_triage_gpu_xid_errors_total).",
+        "cause=stopped: something stopped the worker (SIGSTOP, a debugger, a checkpointing tool): resume it (kill -CONT <pid>) or restart.",
+        "Check `/diagnosis` -> discovery.ranks for which GPU the lost rank ran on.",
+    ),
+    predicate=_tp_rank_lost,
+    reads=("host_workers_lost", "host_worker_stopped_seconds", "seconds_since_last_token", "host_engine_core_cpu_cores"),
+    thresholds=(
+        Threshold("lost_min", 1.0, "workers gone while their engine core runs on, at or above this"),
+        Threshold("stopped_seconds_min", 20.0, "or a worker stopped (or a zombie) for at least this many seconds"),
+    ),
+    for_seconds=10,
+    clear_seconds=30,
+    sources=(PROCESS_SOURCE,),
+    causes=("exited", "stopped"),
+    stack_dump_role="engine_core",
+    fails_engine_liveness=True,
+    dont=("Do not restart a single worker: vLLM's parallel group is formed at start-up; restart the whole server.",),
+)
+
+
+CONDITIONS: tuple[Condition, ...] = (GPU_STARVED, TP_RANK_LOST)
