@@ -37,6 +37,7 @@ def default_max_num_seqs(version: str | None) -> tuple[int, str]:
     return 256, f"vLLM {version}'s default"
 
 
+STOPPED_STATUSES = ("stopped", "zombie", "dead")  # psutil's statuses of a process that runs no code
 RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker's (or engine core's) title vLLM sets
 
 
@@ -111,12 +112,20 @@ class Discovery:
         return notes
 
     def lost_rank_notes(self) -> list[str]:
-        """'worker VLLM::Worker_TP1 (pid 42) is gone (exited) while its engine core (pid 40) runs on: ...', one per worker."""
-        return [
+        """'worker VLLM::Worker_TP1 (pid 42) is gone (exited) while its engine core (pid 40) runs on: ...', one per worker
+        gone, then one per worker that runs no code (stopped, a zombie)."""
+        notes = [
             f"worker {w['title']} (pid {w['pid']}) is {'gone (exited)' if w['status'] == 'gone' else w['status']} while its engine core "
             f"(pid {w['engine_core_pid']}) runs on: the other ranks wait for it in their next collective"
             for w in self.lost_workers
         ]
+        for p in self.processes:
+            if p.get("role") == "worker" and p.get("status") in STOPPED_STATUSES:
+                notes.append(
+                    f"worker {p.get('title', '?')} (pid {p.get('pid')}) is {p.get('status')}: it runs no code, and the other ranks wait for "
+                    "it in their next collective"
+                )
+        return notes
 
     def ranks(self) -> list[dict[str, Any]]:
         """The rank map: each process that runs the model (vLLM's workers, one per GPU; with neither tensor nor pipeline
@@ -143,7 +152,7 @@ class Discovery:
 
     def parallelism(self) -> list[str]:
         """The rank map in words, one line per engine (parallelism_lines)."""
-        return parallelism_lines(self.ranks())
+        return parallelism_lines(self.ranks(), bool(self.gpus))
 
     def to_json(self) -> dict[str, Any]:
         ranks = self.ranks()
@@ -162,27 +171,27 @@ class Discovery:
             "gpu_selection": self.gpu_selection,
             "gpu_peak": None if self.gpu_peak is None else vars(self.gpu_peak),
             "ranks": ranks,
-            "parallelism": parallelism_lines(ranks),
+            "parallelism": parallelism_lines(ranks, bool(self.gpus)),
         }
 
 
-def parallelism_lines(ranks: list[dict[str, Any]]) -> list[str]:
+def parallelism_lines(ranks: list[dict[str, Any]], gpus_read: bool = True) -> list[str]:
     """A rank map in words, one line per engine: 'engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid 41), TP1
-    GPU 3 (worker pid 42)'."""
+    GPU 3 (worker pid 42)'. Without GPU readings (`gpus_read` false: no GPU source) the GPUs are not named."""
     lines = []
     for engine in sorted({r["dp_rank"] for r in ranks}):
         group = [r for r in ranks if r["dp_rank"] == engine]
         tp, pp = 1 + max(r["tp_rank"] for r in group), 1 + max(r["pp_rank"] for r in group)
         where = ", ".join(
             f"{'PP' + str(r['pp_rank']) + ' ' if pp > 1 else ''}TP{r['tp_rank']} "
-            + (f"GPU {','.join(map(str, r['gpus']))}" if r["gpus"] else "GPU unknown")
-            + f" ({r['role']} pid {r['pid']})"
+            + (f"GPU {','.join(map(str, r['gpus']))} " if r["gpus"] else "GPU unknown " if gpus_read else "")
+            + f"({r['role']} pid {r['pid']})"
             for r in group
         )
         gpus = sorted({g for r in group for g in r["gpus"]})
         on = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
         whose = "its pid" if len(group) == 1 else "some ranks' pids"
-        missing = "" if all(r["gpus"] for r in group) else f" (NVML lists no memory under {whose}: another pid namespace, or not loaded yet)"
+        missing = "" if all(r["gpus"] for r in group) or not gpus_read else f" (NVML lists no memory under {whose}: another pid namespace, or not loaded yet)"
         lines.append(f"engine {engine}: TP={tp}{f', PP={pp}' if pp > 1 else ''}, {len(group)} rank{'s' if len(group) > 1 else ''}{on}: {where}{missing}")
     return lines
 

@@ -65,7 +65,14 @@ def paths() -> tuple[Path, Path]:
     return python, model
 
 
-def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.0, niceness: int = 10, max_num_seqs: int = MAX_NUM_SEQS) -> VllmServer:
+def start(
+    log_path: Path,
+    port: int | None = None,
+    startup_timeout: float = 300.0,
+    niceness: int = 10,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    tensor_parallel_size: int = 1,
+) -> VllmServer:
     python, model = paths()
     if not python.exists() or not (model / "config.json").exists():
         raise RuntimeError(f"vLLM venv or tiny model missing ({python}, {model}): run `make vllm-env` first")
@@ -75,9 +82,11 @@ def start(log_path: Path, port: int | None = None, startup_timeout: float = 300.
         "--model", str(model), "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "1024", "--max-num-seqs", str(max_num_seqs),
-        "--num-gpu-blocks-override", str(KV_BLOCKS), "--enforce-eager",
+        "--num-gpu-blocks-override", str(KV_BLOCKS), "--enforce-eager", "--tensor-parallel-size", str(tensor_parallel_size),
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    if tensor_parallel_size > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # its automatic binding gives each rank a NUMA node: one here
     log = open(log_path, "wb")
     # In a pod the sidecar's own CPU request guarantees it a share; on a 2-core test machine vLLM's busy
     # threads would starve everything else (a sleeping process woke up to 3 s late, and a sidecar /metrics

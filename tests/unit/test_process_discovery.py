@@ -371,6 +371,7 @@ def test_a_tensor_parallel_rank_that_dies_or_stops_while_its_engine_core_runs_is
                 assert after.samples[("process_lost", (("role", "worker"),))] == 0.0  # stopped, not gone
                 assert verdicts[20]["tp_rank_lost"].state == "inactive" and verdicts[30]["tp_rank_lost"].state == "active"  # 20 s, then for 10 s
                 assert lost.cause == "stopped"
+                assert any(f"worker VLLM::Worker_TP1 (pid {tp1}) is stopped: it runs no code" in e.text for e in lost.evidence), [e.text for e in lost.evidence]
             assert lost.role == "primary" and verdicts[60]["engine_wedged"].state == "active"  # the stall, named by its cause
             os.kill(core, signal.SIGKILL)  # the engine core exits too (vLLM's shutdown, a restart): the rank is forgotten
             time.sleep(0.3)

@@ -211,6 +211,7 @@ TP_RANK_LOST = Condition(
     ),
     for_seconds=10,
     clear_seconds=30,
+    window_seconds=60.0,  # a stop is measured within the window: never shorter than the bar, whatever window_seconds says
     sources=(PROCESS_SOURCE,),
     causes=("exited", "stopped"),
     stack_dump_role="engine_core",
