@@ -4,8 +4,9 @@ tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
     python3 -m bench.real_engine OUT_DIR gil_window [PAIRS] [modes=blocking,nonblocking]  what one py-spy window costs
                                                           while open (per mode, round by round), and so the default
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
-    python3 -m bench.real_engine OUT_DIR cost [full-only] [windows=N] [SETTING=VALUE...]  the sidecar beside
-                                                          nvitop-exporter, one run, same load
+    python3 -m bench.real_engine OUT_DIR cost [full-only] [cpu-only] [windows=N] [SETTING=VALUE...]  the sidecar
+                                                          beside nvitop-exporter, one run, same load (cpu-only:
+                                                          the CPU windows alone, no latency, floor or footprint)
     python3 -m bench.real_engine OUT_DIR bursts [ROUNDS]   bursts of 50 new connections under load, the sidecar
                                                           and a bare aiohttp server with its page taking turns
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=false   several, one after the other
@@ -354,7 +355,7 @@ def serving_under_load(log: Path) -> Iterator[None]:
         stop(server)
 
 
-def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) -> dict[str, Any]:
+def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], cpu_only: bool = False) -> dict[str, Any]:
     seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
     env = {**os.environ, "PYTHONPATH": nvitop}
@@ -375,6 +376,8 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str]) 
             before = stage_seconds(sidecar_url)
             summary["side_by_side"].append(measure(processes, seconds, [sidecar_url, nvitop_url]))
             summary["sidecar_stages_percent_of_core"].append(per_stage(before, stage_seconds(sidecar_url), seconds))
+        if cpu_only:
+            return summary
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
         summary["latency_nvitop_exporter"] = latencies(nvitop_url)
         page = out / "sidecar-page.txt"
@@ -456,7 +459,7 @@ def main() -> None:
             settings = dict(a.split("=", 1) for a in args if "=" in a)
             windows = int(settings.pop("windows", "1"))
             with serving_under_load(out / "cost-vllm.log"):
-                summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings)
+                summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings, cpu_only="cpu-only" in args)
         elif what == "bursts":
             with serving_under_load(out / "bursts-vllm.log"):
                 summary = bursts(out, next((int(a) for a in args if a.isdigit()), 40))

@@ -100,7 +100,7 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
     health = {s.source: s for s in sources}
     fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
     found = discover(store, configured_max_num_seqs)
-    ranks = found.ranks()
+    ranks = found.ranks
     global_signals = {
         "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
         "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),

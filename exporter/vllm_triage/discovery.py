@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .hardware import GpuPeak, gpu_peak
@@ -127,10 +128,12 @@ class Discovery:
                 )
         return notes
 
+    @cached_property
     def ranks(self) -> list[dict[str, Any]]:
         """The rank map: each process that runs the model (vLLM's workers, one per GPU; with neither tensor nor pipeline
         parallelism, the engine core itself) with its data-, pipeline- and tensor-parallel rank, read from its title
-        (`VLLM::Worker_DP1_PP0_TP1`: a part left out is a group of one), and the GPUs NVML lists its memory on."""
+        (`VLLM::Worker_DP1_PP0_TP1`: a part left out is a group of one), and the GPUs NVML lists its memory on. Made
+        once: a tick reads it for the global signals and for /diagnosis."""
         workers = [p for p in self.processes if p.get("role") == "worker"]
         ranked = []
         for p in workers or [p for p in self.processes if p.get("role") == "engine_core"]:
@@ -150,12 +153,8 @@ class Discovery:
             )
         return sorted(ranked, key=lambda r: (r["dp_rank"], r["pp_rank"], r["tp_rank"]))
 
-    def parallelism(self) -> list[str]:
-        """The rank map in words, one line per engine (parallelism_lines)."""
-        return parallelism_lines(self.ranks(), bool(self.gpus))
-
     def to_json(self) -> dict[str, Any]:
-        ranks = self.ranks()
+        ranks = self.ranks
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_seqs_origin": self.max_num_seqs_origin,
@@ -175,7 +174,7 @@ class Discovery:
         }
 
 
-def parallelism_lines(ranks: list[dict[str, Any]], gpus_read: bool = True) -> list[str]:
+def parallelism_lines(ranks: list[dict[str, Any]], gpus_read: bool) -> list[str]:
     """A rank map in words, one line per engine: 'engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid 41), TP1
     GPU 3 (worker pid 42)'. Without GPU readings (`gpus_read` false: no GPU source) the GPUs are not named."""
     lines = []

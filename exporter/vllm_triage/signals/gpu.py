@@ -147,11 +147,11 @@ def _power_to_limit(ctx: SignalContext) -> float | None:
 
 
 def _link_bytes(tx: str, rx: str) -> Callable[[SignalContext], float | None]:
-    """Mean of a link's two directions together over the window (the scope's GPUs averaged)."""
+    """A link's two directions together, window means (the scope's GPUs averaged; the points PCIe's ratio reads too)."""
 
     def compute(ctx: SignalContext) -> float | None:
-        rows = _frames(ctx, (tx, rx))
-        return mean_of([r[tx] + r[rx] for r in rows]) if rows else None
+        sent, received = ctx.view.gauge_points(tx, ctx.scope, mean_of), ctx.view.gauge_points(rx, ctx.scope, mean_of)
+        return mean_of(sent) + mean_of(received) if sent and received else None
 
     return compute
 
