@@ -11,6 +11,7 @@ from typing import Any
 from .hardware import GpuPeak, gpu_peak
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta
 from .signals.window import ServerFacts
+from .sources.process import STOPPED_STATES
 from .store import Store
 
 CONTENTION_NOTE_MIN = 0.1  # seconds per second a thread waited for a CPU from which the host notes name it
@@ -38,7 +39,6 @@ def default_max_num_seqs(version: str | None) -> tuple[int, str]:
     return 256, f"vLLM {version}'s default"
 
 
-STOPPED_STATUSES = ("stopped", "zombie", "dead")  # psutil's statuses of a process that runs no code
 RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker's (or engine core's) title vLLM sets
 
 
@@ -121,7 +121,7 @@ class Discovery:
             for w in self.lost_workers
         ]
         for p in self.processes:
-            if p.get("role") == "worker" and p.get("status") in STOPPED_STATUSES:
+            if p.get("role") == "worker" and p.get("status") in STOPPED_STATES:
                 notes.append(
                     f"worker {p.get('title', '?')} (pid {p.get('pid')}) is {p.get('status')}: it runs no code, and the other ranks wait for "
                     "it in their next collective"

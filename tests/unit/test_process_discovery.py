@@ -268,6 +268,17 @@ time.sleep(60)
 """
 
 
+def fake_tp_server() -> tuple[subprocess.Popen, int, int, int, int]:
+    """A FAKE_TP_SERVER listening on a free port: it, its port, and the pids of its engine core and two workers."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", FAKE_TP_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None
+    core, tp0, tp1 = map(int, server.stdout.readline().split()[1:])
+    return server, port, core, tp0, tp1
+
+
 def with_gpu_processes(held: list[tuple[int, int]]) -> Reading:
     """A GPU reading as the H200's (tests/data, TP=1) with NVML's compute processes replaced: (pid, gpu) each."""
     gpu = next(r for r in read_readings(H200_KV_THRASH) if r.source == GPU_SOURCE and r.ok)
@@ -278,13 +289,8 @@ def with_gpu_processes(held: list[tuple[int, int]]) -> Reading:
 def test_the_rank_map_names_each_workers_ranks_and_gpu_from_its_title_and_nvml():
     """The 2-GPU machine was not lent: a real process tree titled as vLLM titles a TP=2 engine, NVML's compute processes
     of the real H200 reading moved onto GPUs 2 and 3. What /diagnosis, the report and /metrics say of it."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-c", FAKE_TP_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)], stdout=subprocess.PIPE, text=True
-    )
+    server, port, core, tp0, tp1 = fake_tp_server()
     try:
-        assert server.stdout is not None
-        core, tp0, tp1 = map(int, server.stdout.readline().split()[1:])
         time.sleep(0.3)
         processes = ProcessSource(port=port).collect()
         assert {p["pid"]: p.get("title") for p in processes.meta["processes"]} == {
@@ -337,13 +343,8 @@ def test_a_tensor_parallel_rank_that_dies_or_stops_while_its_engine_core_runs_is
     engine core lives on, then, in a second life, one worker SIGSTOPped. vLLM's page meanwhile shows 8 requests running
     and no token: engine_wedged comes with the stall, tp_rank_lost names the rank and leads."""
     for kill in (signal.SIGKILL, signal.SIGSTOP):
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-c", FAKE_TP_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)], stdout=subprocess.PIPE, text=True
-        )
+        server, port, core, _, tp1 = fake_tp_server()
         try:
-            assert server.stdout is not None
-            core, _, tp1 = map(int, server.stdout.readline().split()[1:])
             time.sleep(0.3)
             source = ProcessSource(port=port, clock=lambda: 0.0)
             before = source.collect()

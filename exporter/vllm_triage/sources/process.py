@@ -111,6 +111,11 @@ class _Tracked:
     neediest: ThreadSample | None = None  # the thread that wanted the most CPU (ran + waited for one) between them
     cpus_allowed: int | None = None
 
+    @property
+    def short_title(self) -> str:
+        """Its title's first word (VLLM::Worker_TP1): what names its ranks, without the command line after it."""
+        return self.title.split(" ", 1)[0]
+
 
 class ProcessSource:
     """Finds vLLM's processes (psutil; run in a thread by the daemon) and samples their CPU, memory,
@@ -195,7 +200,7 @@ class ProcessSource:
         for old in self._tracked:
             if old.role == "worker" and cores and not _alive(old.process) and old.process.pid not in self._lost:
                 self._lost[old.process.pid] = (old, cores)
-                title, pid, core = old.title.split(" ", 1)[0], old.process.pid, cores[0].process.pid
+                title, pid, core = old.short_title, old.process.pid, cores[0].process.pid
                 log.warning("vLLM worker %s (pid %d) is gone while its engine core (pid %d) runs", title, pid, core)
         self._lost = {pid: (t, cores) for pid, (t, cores) in self._lost.items() if any(_alive(c.process) for c in cores)}
 
@@ -261,7 +266,7 @@ class ProcessSource:
         samples[("process_lost", make_labels({"role": "worker"}))] = float(len(self._lost))
         if self._lost:
             meta["lost_workers"] = [
-                LostWorker(pid=t.process.pid, title=t.title.split(" ", 1)[0], status=_status(t.process), engine_core_pid=cores[0].process.pid)
+                LostWorker(pid=t.process.pid, title=t.short_title, status=_status(t.process), engine_core_pid=cores[0].process.pid)
                 for t, cores in self._lost.values()
             ]
         servers = [t for t in self._tracked if t.role == "api_server"]
@@ -287,7 +292,7 @@ class ProcessSource:
         out[("process_threads", labels)] = float(tracked.threads)
         entry = ProcessEntry(pid=proc.pid, role=tracked.role, index=tracked.index, status=status)
         if tracked.role != "api_server":  # VLLM::Worker_TP1, VLLM::EngineCore_DP1: its ranks (discovery's rank map)
-            entry["title"] = tracked.title.split(" ", 1)[0]
+            entry["title"] = tracked.short_title
         if tracked.busiest is not None:
             out[("process_busiest_thread_cpu_ratio", labels)] = tracked.busiest["cpu_ratio"]
             entry["busiest_thread"] = tracked.busiest
