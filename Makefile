@@ -27,8 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check exporter mixin tests bench
-	$(BIN)/ruff format --check exporter mixin tests bench
+	$(BIN)/ruff check exporter mixin harness tests bench
+	$(BIN)/ruff format --check exporter mixin harness tests bench
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
@@ -84,8 +84,8 @@ $(VLLM_HOME)/.vllm-$(VLLM_VERSION):
 	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__)"
 	touch $@
 
-$(TINY_MODEL)/config.json: tests/integration/tiny_model.py $(VLLM_HOME)/.vllm-$(VLLM_VERSION)
-	$(VLLM_VENV)/bin/python tests/integration/tiny_model.py $(TINY_MODEL)
+$(TINY_MODEL)/config.json: harness/tiny_model.py $(VLLM_HOME)/.vllm-$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python harness/tiny_model.py $(TINY_MODEL)
 
 # Artifacts derived from the condition table; committed, and a unit test fails when stale.
 generate: $(VENV)/.installed

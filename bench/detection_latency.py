@@ -1,6 +1,6 @@
 """How long the default settings take to raise and to clear each verdict, on real vLLM data: replays
 the bundled demo capture (a real vLLM 0.26.0 on an H200 with all four sources, driven through idle /
-client underload / KV-cache saturation / recovery; tests/gpu/real_vllm.py, scenario serving) on the
+client underload / KV-cache saturation / recovery; harness/gpu/real_vllm.py, scenario serving) on the
 virtual clock and reports every
 transition against the phase it happened in, and the CPU a tick took. Prints a table; enforces nothing.
 

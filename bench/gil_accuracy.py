@@ -5,7 +5,7 @@ nothing (tests/unit/test_gil.py checks the cases).
 
     .venv/bin/python -m bench.gil_accuracy [--repeats 3] [--duty 0.6]
 
-On the H200 machine run it with py-spy on PATH (tests/gpu/device_vllm.sh installs it to /tmp/pyspy/bin).
+On the H200 machine run it with py-spy on PATH (harness/gpu/device_vllm.sh installs it to /tmp/pyspy/bin).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tests.support.gil_target import read_ratio, sample_known_duty
+from harness.gil_target import read_ratio, sample_known_duty
 
 # (threads asleep, threads taking the GIL every millisecond, a churning stack)
 CASES = ((0, 0, False), (90, 0, False), (90, 8, False), (90, 0, True), (90, 8, True))

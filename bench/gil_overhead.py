@@ -18,9 +18,9 @@ from pathlib import Path
 
 from vllm_triage.config import OPTIONS_BY_KEY
 
-from tests.support import vllm_server
-from tests.support.components import start_sidecar
-from tests.support.load import run_load
+from harness import vllm_server
+from harness.components import start_sidecar
+from harness.load import run_load
 
 
 def one_run(server: vllm_server.VllmServer, tmp: Path, gil: bool, seconds: float, gil_interval: float, window: float, rate: int, blocking: bool) -> float:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import vllm_server
-from tests.support.components import FAST_CADENCE, get, start_load, start_sidecar
+from harness import vllm_server
+from harness.components import FAST_CADENCE, get, start_load, start_sidecar
 
 # The load of the integration suite's saturation: 64 clients of 200-word prompts and 500 tokens out.
 CLIENTS, PROMPT_WORDS, MAX_TOKENS = 64, 200, 500

@@ -1,5 +1,5 @@
 """Costs measured beside the real vLLM 0.26.0 on the H200 (runs ON the GPU machine, after
-tests/gpu/stage_vllm.sh's payload is unpacked; see tests/gpu/device_vllm.sh):
+harness/gpu/stage_vllm.sh's payload is unpacked; see harness/gpu/device_vllm.sh):
 
     python3 -m bench.real_engine OUT_DIR gil_window [PAIRS] [modes=blocking,nonblocking]  what one py-spy window costs
                                                           while open (per mode, round by round), and so the default
@@ -63,10 +63,10 @@ from vllm_triage.sources.process import role_of
 
 from bench.scrape_bursts import FLOOR_SERVERS, burst_p99, start_floor, wait_listening
 from bench.sidecar_overhead import percentile, prometheus_like_scrapes, scrape_latencies
-from tests.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
-from tests.support.components import get
-from tests.support.gil_target import read_ratio
-from tests.support.load import run_load
+from harness.components import get
+from harness.gil_target import read_ratio
+from harness.gpu.real_vllm import SCENARIOS, URL, make_model, start_vllm, stop
+from harness.load import run_load
 
 SIDECAR_PORT = 9400
 NVITOP_PORT = 9401
@@ -347,7 +347,7 @@ def serving_under_load(log: Path) -> Iterator[None]:
     scenario = SCENARIOS["serving"]
     server = start_vllm(make_model(scenario.model, Path("/tmp/staged-model")), scenario.flags, log)
     load_command = ["--url", URL, "--model", "tiny", "--clients", "32", "--seconds", "3600", "--prompt-words", "40", "--max-tokens", "160"]
-    load = subprocess.Popen([sys.executable, "-m", "tests.support.load", *load_command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    load = subprocess.Popen([sys.executable, "-m", "harness.load", *load_command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""The labelled scenario suite (make scenarios): every scenario of tests/support/scenarios.py on the
+"""The labelled scenario suite (make scenarios): every scenario of harness/scenarios.py on the
 real vLLM (CPU build) at normal priority and the default settings, then the real H200 captures replayed at
 the default and short settings. Prints one row per phase and condition: detected (seconds after the phase
 started), cleared (seconds after it ended), and every false active with its duration. Nothing is enforced.
@@ -18,8 +18,8 @@ from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import replay
 
-from tests.gpu.truth import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING, read_phases
-from tests.support.scenarios import SCENARIOS, run
+from harness.gpu.truth import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING, read_phases
+from harness.scenarios import SCENARIOS, run
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 CAPTURES = {"serving": (demo_capture_path(), SERVING), "cpu_bound": (DATA / "real-vllm-h200-cpu_bound.jsonl.gz", CPU_BOUND)}

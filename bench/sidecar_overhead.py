@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from tests.support import vllm_server
-from tests.support.components import start_load, start_sidecar
+from harness import vllm_server
+from harness.components import start_load, start_sidecar
 
 
 def percentile(values: list[float], q: float) -> float:

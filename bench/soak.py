@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 from aiohttp import web
 
-from tests.support.components import start_sidecar
-from tests.support.vllm_server import free_port
+from harness.components import start_sidecar
+from harness.vllm_server import free_port
 
 CAPTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "vllm-0.32.0-cpu-kv-saturated.metrics.txt"
 

@@ -46,7 +46,7 @@ def test_every_gpu_verdict_matches_the_workload(tmp_path):
         cli("record", "--sources", "gpu", "--gpu-interval-seconds", "0.5", "--seconds", str(seconds), "--out", str(capture)), env=env, cwd=REPO
     )
     time.sleep(3)
-    marks = subprocess.run([sys.executable, "-m", "tests.gpu.workloads", *PHASES], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    marks = subprocess.run([sys.executable, "-m", "harness.gpu.workloads", *PHASES], capture_output=True, text=True, env=env, cwd=REPO, check=True)
     recorder.wait(timeout=seconds + 60)
     phase_file = out / "gpu-h200-live.json"
     write_phases(marks.stdout, phase_file)
@@ -59,7 +59,7 @@ CAUSE_PHASES = ("idle:10", "starved:30", "launch:30", "pageable:30", "matmul_fp3
 
 
 def record_serving_loop(out: Path, name: str, phases: tuple[str, ...], port: str) -> Path:
-    """Record all four sources next to tests/gpu/serving.py titled VLLM::EngineCore; returns the phase file."""
+    """Record all four sources next to harness/gpu/serving.py titled VLLM::EngineCore; returns the phase file."""
     capture = out / f"{name}.jsonl.gz"
     seconds = sum(float(p.split(":")[1]) for p in phases) + 12
     # Under another argv[0] a venv's python no longer finds its venv: hand it the site-packages.
@@ -67,7 +67,7 @@ def record_serving_loop(out: Path, name: str, phases: tuple[str, ...], port: str
     env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "0"}
     errors = (out / f"{name}-loop.log").open("w")
     loop = subprocess.Popen(
-        ["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -m tests.gpu.serving {port} {' '.join(phases)}"],
+        ["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -m harness.gpu.serving {port} {' '.join(phases)}"],
         stdout=subprocess.PIPE,
         stderr=errors,
         text=True,

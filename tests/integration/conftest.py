@@ -1,4 +1,4 @@
-"""The real vLLM (CPU build) the integration tests share; the other components are in tests/support."""
+"""The real vLLM (CPU build) the integration tests share; the other components are in harness/."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import vllm_server
+from harness import vllm_server
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
-from tests.support.vllm_server import free_port
+from harness.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
+from harness.vllm_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import vllm_server
-from tests.support.components import REPO, get
+from harness import vllm_server
+from harness.components import REPO, get
 
 pytestmark = pytest.mark.integration
 BASE = "vllm-triage-test-base:bookworm"

@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import timeline, vllm_server
-from tests.support.components import FAST_CADENCE, FAST_CONDITIONS, REPO, get, start_alertmanager, start_load, start_prometheus, start_sidecar
-from tests.support.scenarios import engine_core
+from harness import vllm_server
+from harness.components import FAST_CADENCE, FAST_CONDITIONS, REPO, get, start_alertmanager, start_load, start_prometheus, start_sidecar
+from harness.scenarios import engine_core
+from tests.support import timeline
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from harness.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
 from mixin.dashboards import DASHBOARDS, panel_queries
-from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, REPO, start_load, start_prometheus, start_sidecar
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.support.components import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get, start_load, start_sidecar
+from harness.components import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get, start_load, start_sidecar
 
 pytestmark = pytest.mark.integration
 

@@ -1,11 +1,11 @@
-"""The fault scenarios of the labelled suite (tests/support/scenarios.py) at short settings, on the
+"""The fault scenarios of the labelled suite (harness/scenarios.py) at short settings, on the
 real vLLM at normal priority: verdicts ride through delayed and dropped scrapes, survive a restart of
 vLLM mid-saturation, and stay with their own server when two run on one host. `make scenarios` runs the
 whole suite at the default settings."""
 
 from __future__ import annotations
 
-from tests.support.scenarios import SCENARIOS, run
+from harness.scenarios import SCENARIOS, run
 
 BY_NAME = {s.name: s for s in SCENARIOS}
 

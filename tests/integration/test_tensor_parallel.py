@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.support import vllm_server
-from tests.support.components import FAST_CADENCE, start_load, start_sidecar
+from harness import vllm_server
+from harness.components import FAST_CADENCE, start_load, start_sidecar
 
 pytestmark = pytest.mark.integration
 

@@ -1,1 +1,1 @@
-"""Helpers shared by the unit and integration tests, the scenario suite and the benchmarks."""
+"""Helpers only the tests use (the incident timeline of the paging test)."""

@@ -62,3 +62,16 @@ def test_no_module_imports_itself_in_a_circle():
     graph = imports()
     circles = sorted(m for m in graph if m in reaches(graph, m) and not m.endswith("__init__") and m != "vllm_triage")
     assert not circles, {m: sorted(graph[m]) for m in circles}
+
+
+def test_benchmarks_and_the_harness_import_no_test_module():
+    """bench/ measures with the real parts in harness/; neither reaches into tests/ (whose modules assert)."""
+    repo = PACKAGE.parents[1]
+    offenders = []
+    for path in [*(repo / "bench").rglob("*.py"), *(repo / "harness").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{path.relative_to(repo)}: {name}" for name in names if name == "tests" or name.startswith("tests.")]
+        if '"tests.' in path.read_text():  # a module started as `python -m tests.…`
+            offenders.append(f"{path.relative_to(repo)}: runs a tests.* module")
+    assert not offenders, offenders

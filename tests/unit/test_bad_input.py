@@ -20,7 +20,7 @@ from vllm_triage.cli import main
 from vllm_triage.config import ConfigError, load, redact_url
 from vllm_triage.model import Reading
 
-from tests.support.components import get, start_sidecar
+from harness.components import get, start_sidecar
 
 from .pages import Counters, page, reading
 from .test_outlets import families, saturated_daemon, serve_and_get

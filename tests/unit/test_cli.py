@@ -11,7 +11,7 @@ from vllm_triage.capture import CaptureWriter, demo_capture_path, read_descripti
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
 
-from tests.support.components import start_sidecar
+from harness.components import start_sidecar
 
 
 def test_serve_help_documents_every_option(capsys):
@@ -47,7 +47,7 @@ def test_replay_of_a_missing_or_foreign_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_demo_replay_walks_through_idle_underload_and_saturation(capsys):
-    """The bundled capture was recorded from a real vLLM 0.26.0 on an H200 (tests/gpu/real_vllm.py,
+    """The bundled capture was recorded from a real vLLM 0.26.0 on an H200 (harness/gpu/real_vllm.py,
     scenario serving); replayed with default settings it must show the story it was recorded for, in
     order: with 2 clients the engine core's thread is the limit while the SMs idle (starvation leads,
     underload is suppressed), then the KV cache saturates, then everything clears."""

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from vllm_triage.config import OPTIONS, ConfigError, config_schema, load
 
-from tests.support.components import start_sidecar
+from harness.components import start_sidecar
 
 
 def write(tmp_path, text: str) -> str:

@@ -14,7 +14,7 @@ from vllm_triage.config import ConfigError, load
 from vllm_triage.pipeline import Pipeline
 from vllm_triage.sources.dcgm import DcgmSource
 
-from tests.support.vllm_server import free_port
+from harness.vllm_server import free_port
 
 from .pages import Counters, page, reading
 

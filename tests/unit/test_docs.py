@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.support.components import REPO
+from harness.components import REPO
 
 MANUALS = [REPO / "README.md", REPO / "helm" / "vllm-triage" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

@@ -20,7 +20,7 @@ from vllm_triage.sources.dcgm import DcgmSource
 from vllm_triage.sources.prometheus import HistoryLimits
 from vllm_triage.webconfig import load_web_config
 
-from tests.support.vllm_server import serving
+from harness.vllm_server import serving
 
 from .test_fuzz import EXAMPLES, mutate
 from .test_history_answers import _said_by

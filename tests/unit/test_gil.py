@@ -17,7 +17,7 @@ import pytest
 import vllm_triage
 from vllm_triage.sources.gil import GilSource, find_py_spy, hot_functions
 
-from tests.support.gil_target import read_ratio, sample_known_duty
+from harness.gil_target import read_ratio, sample_known_duty
 
 
 @pytest.mark.parametrize("nonblocking", [True, False], ids=["nonblocking (the default)", "blocking"])

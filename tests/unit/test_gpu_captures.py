@@ -1,5 +1,5 @@
 """The GPU verdicts on real readings: captures recorded on an NVIDIA H200 under workloads whose
-bottleneck is known (tests/gpu/workloads.py), replayed here where no GPU exists."""
+bottleneck is known (harness/gpu/workloads.py), replayed here where no GPU exists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import evaluate, replay
 
-from tests.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
+from harness.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CAPTURES = sorted(DATA.glob("gpu-h200-*.jsonl.gz"))

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from vllm_triage.sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 
-from tests.support.vllm_server import serving
+from harness.vllm_server import serving
 
 GOOD = {"__name__": "vllm:num_requests_running", "engine": "0", "model_name": "m"}
 

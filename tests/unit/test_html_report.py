@@ -81,7 +81,7 @@ def test_replay_writes_the_page(tmp_path, capsys):
 
 
 def test_the_live_sidecar_serves_the_page_of_its_last_minutes_and_report_writes_it(tmp_path):
-    from tests.support.components import get, start_sidecar
+    from harness.components import get, start_sidecar
 
     sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "window_seconds: 20\n", "--demo")
     try:

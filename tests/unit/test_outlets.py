@@ -23,7 +23,7 @@ from vllm_triage.daemon import Daemon
 from vllm_triage.diagnosis.conditions import CONDITIONS
 from vllm_triage.server import make_app
 
-from tests.support.components import get, start_sidecar
+from harness.components import get, start_sidecar
 
 from .pages import Counters, failed, page, reading
 from .test_vllm_source import free_port

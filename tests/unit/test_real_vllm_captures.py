@@ -1,5 +1,5 @@
 """Every verdict on a real vLLM 0.26.0 serving on the H200, recorded with all four sources
-(tests/gpu/real_vllm.py, whose SCENARIOS hold the truth written before the run) and replayed here.
+(harness/gpu/real_vllm.py, whose SCENARIOS hold the truth written before the run) and replayed here.
 
 - serving: a 1B random Llama, 48 KV blocks of 16, max 32 sequences: idle, 2 clients, 40 clients, recovery.
 - cpu_bound: a tiny Llama, 128 clients of 8-word prompts and 16 tokens: the engine core's Python loop is the limit.
@@ -32,7 +32,7 @@ from vllm_triage.pipeline import replay
 from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
 
-from tests.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases
+from harness.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

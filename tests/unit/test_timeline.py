@@ -6,8 +6,8 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.components import REPO
 from tests.support import timeline
-from tests.support.components import REPO
 
 KV_THRASH = REPO / "tests" / "data" / "real-vllm-h200-kv_thrash.jsonl.gz"
 

@@ -1,4 +1,4 @@
-"""`vllm-triage trace` on a real torch profiler trace recorded on the H200 (tests/gpu/record_trace.py):
+"""`vllm-triage trace` on a real torch profiler trace recorded on the H200 (harness/gpu/record_trace.py):
 0.6 s of tiny kernels with Python between them, then bf16 matmuls, then pinned host-to-device copies."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from vllm_triage import cli
 from vllm_triage.traces import TraceError, short_kernel_name, summarize
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "trace-h200.pt.trace.json.gz"
-# vLLM 0.26.0's own profiler output on the H200 (tests/gpu/real_vllm.py, scenario `profiled`): the engine
+# vLLM 0.26.0's own profiler output on the H200 (harness/gpu/real_vllm.py, scenario `profiled`): the engine
 # worker's trace (rank0.*) and the API-server frontend's (*.async_llm.*, no GPU rows), as vLLM lays them out
 VLLM_PROFILE = Path(__file__).resolve().parents[1] / "data" / "vllm-0.26.0-h200-profile-underload"
 

@@ -22,7 +22,7 @@ def names(samples):
     return {name for name, _ in samples}
 
 
-# vLLM 0.32.0 on the CPU here, 0.26.0 on the H200 (tests/gpu/real_vllm.py): both versions' names.
+# vLLM 0.32.0 on the CPU here, 0.26.0 on the H200 (harness/gpu/real_vllm.py): both versions' names.
 REAL_PAGES = [
     "vllm-0.32.0-cpu-idle.metrics.txt",
     "vllm-0.32.0-cpu-kv-saturated.metrics.txt",

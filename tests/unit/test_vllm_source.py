@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from vllm_triage.sources.vllm import VllmSource
 
-from tests.support.vllm_server import serving
+from harness.vllm_server import serving
 
 from .pages import Counters, page
 

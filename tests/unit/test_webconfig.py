@@ -19,8 +19,8 @@ import bcrypt
 import pytest
 from vllm_triage.webconfig import FAILURES_MAX, LOCKOUT_SECONDS, PENDING_CHECKS_MAX, WebConfig
 
-from tests.support.components import BIN, start_sidecar
-from tests.support.vllm_server import free_port
+from harness.components import BIN, start_sidecar
+from harness.vllm_server import free_port
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
 

@@ -2,13 +2,13 @@
 lent H200 has no network): run it under the title VLLM::EngineCore and it serves vLLM's request
 gauges for its own work at /metrics, while its main thread runs the workloads' phases.
 
-    bash -c 'exec -a VLLM::EngineCore python -m tests.gpu.serving PORT PHASE[:SECONDS] ...'
+    bash -c 'exec -a VLLM::EngineCore python -m harness.gpu.serving PORT PHASE[:SECONDS] ...'
 
 Truth: while a phase runs, BATCH requests are in flight (vllm:num_requests_running = BATCH); in
 `idle` none are. `starved` keeps the main thread busy in Python between tiny kernels (the GPU waits on
 the CPU: gpu_starved, with this process's main thread named); `compute` keeps the GPU's tensor cores
 busy while the same thread spins in CUDA's synchronize (the host is busy too, but the GPU is not
-starved). Prints `phase NAME at UNIX_TIME` lines as tests.gpu.workloads does.
+starved). Prints `phase NAME at UNIX_TIME` lines as harness.gpu.workloads does.
 """
 
 from __future__ import annotations

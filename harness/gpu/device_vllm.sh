@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repository root, over calls made back to back while it stays warm
 # (carried folders vanish between calls; /tmp stays):
-#   bash tests/gpu/device_vllm.sh stage1a                     carry .gpuvllm/c1/FA3.so.xz: parked in /tmp/stage
-#   bash tests/gpu/device_vllm.sh stage1                      carry .gpuvllm/c1/{C.so.xz,SHA256SUMS,stage1.sh}:
+#   bash harness/gpu/device_vllm.sh stage1a                     carry .gpuvllm/c1/FA3.so.xz: parked in /tmp/stage
+#   bash harness/gpu/device_vllm.sh stage1                      carry .gpuvllm/c1/{C.so.xz,SHA256SUMS,stage1.sh}:
 #                                                             native libraries -> /tmp/site (c1 whole and the
 #                                                             repository no longer fit one call's 64 MiB)
-#   bash tests/gpu/device_vllm.sh start SECONDS MODULE ARG... carry .gpuvllm/c2: unpack, start the driver
-#                                                             (tests.gpu.real_vllm SCENARIO..., or
+#   bash harness/gpu/device_vllm.sh start SECONDS MODULE ARG... carry .gpuvllm/c2: unpack, start the driver
+#                                                             (harness.gpu.real_vllm SCENARIO..., or
 #                                                             bench.real_engine gil_ab|cost|bursts) in its own session, wait
-#   bash tests/gpu/device_vllm.sh wait SECONDS                wait more; when done, the results go to $OUT
+#   bash harness/gpu/device_vllm.sh wait SECONDS                wait more; when done, the results go to $OUT
 set -u
 OUT=${OUT:-/tmp/out}; RUN=/tmp/realout; mkdir -p "$OUT"
 mode=$1; shift

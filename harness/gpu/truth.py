@@ -47,7 +47,7 @@ def write_phases(workload_output: str, path: Path) -> None:
     path.write_text(json.dumps(marks))
 
 
-# Marks the real-vLLM driver keeps for what it did inside a phase (tests/gpu/real_vllm.py): not phases.
+# Marks the real-vLLM driver keeps for what it did inside a phase (harness/gpu/real_vllm.py): not phases.
 ACTION_MARKS = frozenset({"engine_stopped", "engine_continued", "contention_started", "contention_ended", "kernel_hung", "api_server_killed"})
 
 
@@ -57,7 +57,7 @@ def read_phases(path: Path) -> list[tuple[str, float, float]]:
     return [(name, start, end) for (name, start), (_, end) in itertools.pairwise(marks)]
 
 
-# The host layer's proof (tests/gpu/serving.py): the engine core's main thread saturated in both
+# The host layer's proof (harness/gpu/serving.py): the engine core's main thread saturated in both
 # busy phases; only where the GPU then waits on it is it starved.
 STARVED_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "idle": (set(), {"gpu_starved"}),
@@ -66,7 +66,7 @@ STARVED_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
 }
 STARVED_REPLAY_CONFIG = REPLAY_CONFIG + "  gpu_starved: {for_seconds: 2, clear_for_seconds: 2}\n"
 
-# The causes (tests/gpu/serving.py running more workloads): phase -> {condition: cause it must report}
+# The causes (harness/gpu/serving.py running more workloads): phase -> {condition: cause it must report}
 # while active, and the conditions that must be active.
 CAUSES_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "idle": (set(), {"gpu_starved", "compute_bound", "memory_bandwidth_bound"}),
@@ -145,9 +145,9 @@ def check_causes(capture: Path, phases: list[tuple[str, float, float]], config: 
     return problems
 
 
-# The real vLLM on the H200 (tests/gpu/real_vllm.py's scenarios, their captures in tests/data/real-vllm-h200-*):
+# The real vLLM on the H200 (harness/gpu/real_vllm.py's scenarios, their captures in tests/data/real-vllm-h200-*):
 ALL = {c.id for c in CONDITIONS}
-# phase -> (active at every steady tick, never active), measured against the truth in tests/gpu/real_vllm.py
+# phase -> (active at every steady tick, never active), measured against the truth in harness/gpu/real_vllm.py
 CONTENTION = {"contended": ({"gpu_starved"}, set())}  # what `make scenarios` reports on (the tests below judge it)
 HUNG_KERNEL = {"hung": ({"engine_wedged"}, set())}
 KV_THRASH = {"thrash": ({"kv_cache_saturated", "queue_backlog", "preemption_storm"}, set())}

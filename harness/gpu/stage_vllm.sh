@@ -2,9 +2,9 @@
 # stage_vllm.sh -- local preparation (no device time) of a real vLLM 0.26.0 CUDA-13 build for the lent
 # NVIDIA H200 machine (no network there; <= 64 MiB carried per call). vLLM 0.26.0 pins torch 2.11.0 and
 # links CUDA 13, the device image's torch 2.11.0+cu130; its wheel is 304 MB, so it is trimmed, compressed
-# and carried in two chunks. README.md's "GPU" section gives the device calls (tests/gpu/device_vllm.sh).
+# and carried in two chunks. README.md's "GPU" section gives the device calls (harness/gpu/device_vllm.sh).
 #
-#   bash tests/gpu/stage_vllm.sh [WORKDIR] [DEST]
+#   bash harness/gpu/stage_vllm.sh [WORKDIR] [DEST]
 #     WORKDIR  scratch space (default /tmp/gpuvllm-stage; needs ~2 GB); reused: steps whose output is
 #              there are skipped, so a second run only lays out DEST again
 #     DEST     where the two carry folders go (default ./.gpuvllm, git-ignored -> c1/ and c2/)

@@ -1,7 +1,7 @@
 """Builds a tiny random-weight Llama and a word-level tokenizer that vLLM can serve on the CPU.
 
 Run with the vLLM venv's Python (it has torch, transformers and tokenizers):
-    python tests/integration/tiny_model.py OUT_DIR
+    python harness/tiny_model.py OUT_DIR
 No download happens: the weights are random, the vocabulary is "w0".."w{N}". A prompt of N words
 is N tokens, which lets the tests size prompts exactly.
 """

@@ -1,7 +1,7 @@
 """Records the torch profiler trace `vllm-triage trace` is tested on (tests/data/trace-h200.pt.trace.json.gz),
 in the format vLLM's profiler hooks write (PyTorch's tensorboard trace handler, gzip Chrome trace JSON).
 
-    python -m tests.gpu.record_trace OUT_DIR
+    python -m harness.gpu.record_trace OUT_DIR
 
 Three known parts, in order: the GPU waiting on Python between tiny kernels (~0.6 s), bf16 8k matmuls
 back to back (~0.5 s), pinned host-to-device copies (~0.3 s).

@@ -1,6 +1,6 @@
 """GPU workloads whose bottleneck is known, for proving the GPU verdicts on a real GPU.
 
-    python -m tests.gpu.workloads PHASE[:SECONDS] ...     e.g. idle:20 compute:40 copy_d2d:40
+    python -m harness.gpu.workloads PHASE[:SECONDS] ...     e.g. idle:20 compute:40 copy_d2d:40
 
 Each phase is one kind of truth (REFERENCE.md §4 has what NVML/GPM read for them on an H200):
 - idle: nothing runs.

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from . import vllm_server
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # Short windows and frequent samples (a config file, as a user would write one) so that detect-and-clear
 # cycles fit in CI; each test adds the per-condition durations it needs.
 FAST_CADENCE = """
@@ -128,7 +128,7 @@ class Load:
 
 def start_load(url: str, clients: int, prompt_words: int, max_tokens: int, seconds: float = 600) -> Load:
     command = [
-        sys.executable, "-m", "tests.support.load", "--url", url, "--model", vllm_server.MODEL_NAME,
+        sys.executable, "-m", "harness.load", "--url", url, "--model", vllm_server.MODEL_NAME,
         "--clients", str(clients), "--seconds", str(seconds),
         "--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens),
     ]  # fmt: skip

@@ -1,8 +1,8 @@
 """A real vLLM on the GPU machine, driven through scenarios whose truth is written down before the run
 (SCENARIOS), recorded by the sidecar with all four sources. Runs on the device after
-tests/gpu/stage_vllm.sh's payload is unpacked (/tmp/site: vLLM 0.26.0 and what it needs):
+harness/gpu/stage_vllm.sh's payload is unpacked (/tmp/site: vLLM 0.26.0 and what it needs):
 
-    python3 -m tests.gpu.real_vllm OUT_DIR SCENARIO [SCENARIO ...]
+    python3 -m harness.gpu.real_vllm OUT_DIR SCENARIO [SCENARIO ...]
 
 Each scenario starts vLLM with its model and flags, records `OUT_DIR/<scenario>.jsonl.gz` (the capture,
 its phases in the header and in `<scenario>.json`) while a bounded load drives the phases, saves vLLM's
@@ -29,8 +29,8 @@ from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config import load
 
-from tests.support.load import Phase, run_load
-from tests.support.vllm_server import wait_healthy
+from harness.load import Phase, run_load
+from harness.vllm_server import wait_healthy
 
 PORT = 8000
 URL = f"http://127.0.0.1:{PORT}"
