@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class ProcessSource:
         # Workers (ranks) that exited or turned zombie while the engine core that ran them lives on: its other ranks
         # wait for it in their next collective. Kept while one of those engine cores lives (a restart forgets them).
         self._lost: dict[int, tuple[_Tracked, list[_Tracked]]] = {}
+        self._cgroup_stat: tuple[int, str | None] | None = None  # the API server's pid and its cgroup's cpu.stat
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
@@ -245,16 +247,16 @@ class ProcessSource:
         start = time.perf_counter()
         timestamp = self.clock()
         now = time.monotonic()
-        if now - self._scanned_at >= RESCAN_SECONDS or not all(_alive(t.process) for t in self._tracked) or self._server_gone():
+        if now - self._scanned_at >= RESCAN_SECONDS:
             self._scan()
             self._scanned_at = now
-        samples: dict[SeriesKey, float] = {}
-        processes: list[ProcessEntry] = []
-        for tracked in self._tracked:
-            try:
-                processes.append(self._sample(tracked, now, samples))
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                self._scanned_at = -math.inf  # restarted or gone: rescan next time
+        # Sampling reads each process' status anyway: a process gone or turned zombie (the API server included) shows
+        # there, and only then is /proc scanned again, so a healthy reading costs no second look at each process.
+        samples, processes, intact = self._sample_all(now)
+        if not intact:
+            self._scan()
+            self._scanned_at = now
+            samples, processes, _ = self._sample_all(now)
         meta = ProcessMeta(processes=processes, binding=self.binding, ignored_processes=self.ignored, runnable_tasks=_runnable_tasks())
         orphans = [t for t in self._orphans.values() if _alive(t.process)]
         if orphans:
@@ -273,8 +275,26 @@ class ProcessSource:
         if servers:
             meta["api_server_args"] = servers[0].args
             meta["api_server_pid"] = servers[0].process.pid
-            samples.update(_cgroup_throttling(servers[0].process.pid))
+            pid = servers[0].process.pid
+            if self._cgroup_stat is None or self._cgroup_stat[0] != pid:  # a process stays in its cgroup: found once
+                self._cgroup_stat = (pid, _cgroup_stat_path(pid))
+            samples.update(_cgroup_throttling(self._cgroup_stat[1]))
         return Reading(PROCESS_SOURCE, timestamp, True, samples, duration_seconds=time.perf_counter() - start, meta=meta)
+
+    def _sample_all(self, now: float) -> tuple[dict[SeriesKey, float], list[ProcessEntry], bool]:
+        """The tracked processes' samples, their entries, and whether every one was read and none is a zombie."""
+        samples: dict[SeriesKey, float] = {}
+        processes: list[ProcessEntry] = []
+        intact = True
+        for tracked in self._tracked:
+            try:
+                entry = self._sample(tracked, now, samples)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                intact = False
+                continue
+            processes.append(entry)
+            intact = intact and entry["status"] != psutil.STATUS_ZOMBIE
+        return samples, processes, intact
 
     def _sample(self, tracked: _Tracked, now: float, out: dict[SeriesKey, float]) -> ProcessEntry:
         labels = make_labels({"role": tracked.role, "index": str(tracked.index)})
@@ -287,7 +307,7 @@ class ProcessSource:
             out[("process_stopped", labels)] = 1.0 if status in STOPPED_STATES else 0.0
             out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
             if due:
-                self._sample_threads(tracked, now, proc.threads())
+                self._sample_threads(tracked, now)
                 tracked.cpus_allowed = _cpus_allowed(proc)
         out[("process_threads", labels)] = float(tracked.threads)
         entry = ProcessEntry(pid=proc.pid, role=tracked.role, index=tracked.index, status=status)
@@ -305,10 +325,15 @@ class ProcessSource:
         return entry
 
     @staticmethod
-    def _sample_threads(tracked: _Tracked, now: float, threads: list[Any]) -> None:
+    def _sample_threads(tracked: _Tracked, now: float) -> None:
         pid = tracked.process.pid
-        times = {t.id: t.user_time + t.system_time for t in threads}
-        waits = {tid: wait for tid in times if (wait := _runqueue_wait_seconds(pid, tid)) is not None}
+        stats = _thread_schedstats(pid)
+        if stats is not None:
+            times = {tid: ran for tid, (ran, _) in stats.items()}
+            waits = {tid: waited for tid, (_, waited) in stats.items()}
+        else:  # a kernel without schedstats: psutil's per-thread CPU times, and no run-queue waits
+            times = {t.id: t.user_time + t.system_time for t in tracked.process.threads()}
+            waits = {}
         if tracked.sampled_at is not None and now > tracked.sampled_at:
             elapsed = now - tracked.sampled_at
             deltas = {tid: value - tracked.thread_times.get(tid, value) for tid, value in times.items()}
@@ -325,24 +350,41 @@ class ProcessSource:
                     cpu_ratio=round(max(0.0, deltas.get(tid, 0.0)) / elapsed, 3),
                     runqueue_wait_ratio=round(waited[tid] / elapsed, 3),
                 )
-        tracked.thread_times, tracked.thread_waits, tracked.sampled_at, tracked.threads = times, waits, now, len(threads)
+        tracked.thread_times, tracked.thread_waits, tracked.sampled_at, tracked.threads = times, waits, now, len(times)
 
 
-def _runqueue_wait_seconds(pid: int, tid: int) -> float | None:
-    """Seconds the thread has spent runnable but waiting for a CPU (/proc/<pid>/task/<tid>/schedstat, second field,
-    in ns; kernels with schedstats)."""
+def _thread_schedstats(pid: int) -> dict[int, tuple[float, float]] | None:
+    """tid -> (seconds it ran on a CPU, seconds it was runnable but waited for one), from each thread's
+    /proc/<pid>/task/<tid>/schedstat (in ns; kernels with schedstats); None where the kernel keeps none. One small
+    read per thread, without buffering: this is most of what the process source costs (~100 threads a process)."""
     try:
-        with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as handle:
-            return int(handle.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
+    stats: dict[int, tuple[float, float]] = {}
+    for tid in tids:
+        try:
+            handle = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread exited since the listing
+        except OSError:
+            return None
+        try:
+            fields = os.read(handle, 128).split()
+            stats[int(tid)] = (int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            return None
+        finally:
+            os.close(handle)
+    return stats
 
 
 def _runnable_tasks() -> int | None:
-    """Threads runnable on the whole host now (/proc/stat procs_running): how crowded the run queues are."""
+    """Threads runnable on the whole host now (/proc/loadavg's running count, /proc/stat's procs_running in one short
+    line): how crowded the run queues are."""
     try:
-        with open("/proc/stat", encoding="ascii") as handle:
-            return next((int(line.split()[1]) for line in handle if line.startswith("procs_running ")), None)
+        with open("/proc/loadavg", encoding="ascii") as handle:
+            return int(handle.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -405,26 +447,32 @@ def _thread_name(pid: int, tid: int) -> str:
         return "?"
 
 
-def _cgroup_throttling(pid: int) -> dict[SeriesKey, float]:
-    """CPU throttling of vLLM's container (cgroup v2 cpu.stat), when the sidecar can read it."""
+def _cgroup_stat_path(pid: int) -> str | None:
+    """The cpu.stat of the process' cgroup (v2) that the sidecar can read: through the host's /sys/fs/cgroup, else
+    through vLLM's own view of it."""
     try:
         with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
             path = next((line.split(":", 2)[2].strip() for line in handle if line.startswith("0::")), None)
     except OSError:
-        return {}
+        return None
     candidates = [f"/sys/fs/cgroup{path}/cpu.stat"] if path else []
-    candidates.append(f"/proc/{pid}/root/sys/fs/cgroup/cpu.stat")  # from inside vLLM's own view
-    for candidate in candidates:
-        try:
-            with open(candidate, encoding="utf-8") as handle:
-                stat = dict(line.split() for line in handle if line.strip())
-        except (OSError, ValueError):
-            continue
-        labels = make_labels({"role": "api_server"})
-        out: dict[SeriesKey, float] = {}
-        if "nr_periods" in stat:
-            out[("process_cgroup_periods_total", labels)] = float(stat["nr_periods"])
-            out[("process_cgroup_throttled_periods_total", labels)] = float(stat.get("nr_throttled", 0))
-            out[("process_cgroup_throttled_seconds_total", labels)] = float(stat.get("throttled_usec", 0)) / 1e6
-        return out
-    return {}
+    candidates.append(f"/proc/{pid}/root/sys/fs/cgroup/cpu.stat")
+    return next((candidate for candidate in candidates if os.access(candidate, os.R_OK)), None)
+
+
+def _cgroup_throttling(path: str | None) -> dict[SeriesKey, float]:
+    """CPU throttling of vLLM's container (cgroup v2 cpu.stat), when the sidecar can read it."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            stat = dict(line.split() for line in handle if line.strip())
+    except (OSError, ValueError):
+        return {}
+    labels = make_labels({"role": "api_server"})
+    out: dict[SeriesKey, float] = {}
+    if "nr_periods" in stat:
+        out[("process_cgroup_periods_total", labels)] = float(stat["nr_periods"])
+        out[("process_cgroup_throttled_periods_total", labels)] = float(stat.get("nr_throttled", 0))
+        out[("process_cgroup_throttled_seconds_total", labels)] = float(stat.get("throttled_usec", 0)) / 1e6
+    return out
