@@ -20,6 +20,7 @@ from . import html_report
 from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
+from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
@@ -203,7 +204,7 @@ class Daemon:
         source is on) and vLLM is live."""
         if self.config.demo or GIL_SOURCE not in self.config.sources or self.snapshot is None:
             return
-        asking = next((v for v in self.snapshot.verdicts if v.active and CONDITIONS_BY_ID[v.condition].stack_dump_role), None)
+        asking = next((v for v in self.snapshot.verdicts if v.active and _wants_stacks(CONDITIONS_BY_ID[v.condition], v.cause)), None)
         if asking is None or asking.since == self._dumped_for or (self._dumping is not None and not self._dumping.done()):
             return
         self._dumped_for = asking.since
@@ -288,6 +289,10 @@ class Daemon:
 
     def shutdown(self) -> None:
         self._pipeline.shutdown(wait=True)
+
+
+def _wants_stacks(condition: Condition, cause: str | None) -> bool:
+    return condition.stack_dump_role is not None and (not condition.stack_dump_causes or cause in condition.stack_dump_causes)
 
 
 def _incident_page(readings: list[Reading], config: Config, title: str) -> bytes:

@@ -5,21 +5,32 @@ source, scope and window (computed on first use, once per tick). The engine judg
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import cast
 
 from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
-from .model import GPU_SOURCE, VLLM_SOURCE, SeriesKey, SourceHealth
+from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth
 from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
 from .signals.window import compute_signals
 from .signals.window import window as signals_window
+from .sources.process import STOPPED_STATES
 from .store import Store
 
 DEFAULT_STALE_AFTER_SECONDS = 15.0
-# Signals of the whole server, not of one scope: vllm_unreachable's, and the parallel layout the rank map found (the
-# largest tensor-parallel group and the data-parallel engines; absent while no vLLM process is visible).
-GLOBAL_SIGNALS = ("vllm_down_seconds", "vllm_stale_after_seconds", "vllm_tensor_parallel_size", "vllm_parallel_engines")
+# Signals of the whole server, not of one scope: vllm_unreachable's (with what the host sees of the API server, for
+# its cause), and the parallel layout the rank map found (the largest tensor-parallel group and the data-parallel
+# engines; absent while no vLLM process is visible).
+GLOBAL_SIGNALS = (
+    "vllm_down_seconds",
+    "vllm_stale_after_seconds",
+    "host_api_server_stopped",
+    "host_api_server_gone_seconds",
+    "vllm_tensor_parallel_size",
+    "vllm_parallel_engines",
+)
 
 
 @dataclass
@@ -101,13 +112,31 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
     fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
     found = discover(store, configured_max_num_seqs)
     ranks = found.ranks
+    stopped, gone = _api_server_seen(store, fresh.get(PROCESS_SOURCE, False), now)
     global_signals = {
         "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
         "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
+        "host_api_server_stopped": stopped,
+        "host_api_server_gone_seconds": gone,
         "vllm_tensor_parallel_size": float(1 + max(r["tp_rank"] for r in ranks)) if ranks else None,
         "vllm_parallel_engines": float(len({r["dp_rank"] for r in ranks})) if ranks else None,
     }
     return Derived(store, now, sources, health, fresh, found, global_signals)
+
+
+def _api_server_seen(store: Store, fresh: bool, now: float) -> tuple[float | None, float | None]:
+    """What the process source sees of vLLM's API server now: (1 stopped or 0 running, while one is watched; seconds
+    since one was last watched, while none is and the readings kept show one). Both None without a fresh reading."""
+    latest = store.latest(PROCESS_SOURCE)
+    if not fresh or latest is None or not latest.ok:
+        return None, None
+    servers = [p for p in latest.process_meta().get("processes", []) if p.get("role") == "api_server"]
+    if servers:
+        return (1.0 if servers[0].get("status") in STOPPED_STATES else 0.0), None
+    for frame in reversed(store.window(PROCESS_SOURCE, -math.inf, now)):
+        if any(p.get("role") == "api_server" for p in cast("ProcessMeta", frame.meta).get("processes", [])):
+            return None, now - frame.timestamp
+    return None, None
 
 
 def _fresh(health: SourceHealth, now: float, stale_after: float) -> bool:

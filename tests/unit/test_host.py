@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +15,9 @@ from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
 from vllm_triage.pipeline import evaluate
 from vllm_triage.sources.process import ProcessSource
 from vllm_triage.store import Store
+
+from harness.components import FAST_CADENCE, FAST_CONDITIONS, REPO, start_sidecar
+from harness.vllm_server import free_port
 
 from .pages import Counters, page, reading
 from .test_gpu_conditions import gpu_reading
@@ -145,3 +149,68 @@ def test_run_queue_wait_of_a_real_thread_that_shares_its_cpu():
     needy = entry["neediest_thread"]
     assert needy["main"] and needy["runqueue_wait_ratio"] > 0.3 and needy["cpu_ratio"] < 0.7, needy
     assert entry["cpus_allowed"] == 1
+
+
+# A process titled like vLLM's API server that serves a real vLLM page on one thread; on SIGUSR1 its next request blocks
+# that thread for good (an event loop blocked by a synchronous call).
+API_SERVER = """
+import http.server, signal, sys, time
+page = open(sys.argv[2], "rb").read()
+hung = []
+signal.signal(signal.SIGUSR1, lambda *_: hung.append(True))
+
+def blocked_in_a_synchronous_call():
+    while True:
+        time.sleep(0.1)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if hung:
+            blocked_in_a_synchronous_call()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_an_unreachable_vllm_says_what_the_host_sees_of_its_api_server(tmp_path):
+    """vllm_unreachable's cause on a real process titled like vLLM's API server: hung (the scrape times out while the
+    process runs: its stacks are taken and name the blocking call), then stopped (SIGSTOP), then gone (SIGKILL)."""
+    port = free_port()
+    script = tmp_path / "api_server.py"
+    script.write_text(API_SERVER)
+    page_path = REPO / "tests" / "data" / "vllm-0.32.0-cpu-idle.metrics.txt"
+    server = subprocess.Popen(["bash", "-c", f"exec -a VLLM::APIServer {sys.executable} {script} {port} {page_path}"])
+    config = FAST_CADENCE + FAST_CONDITIONS + "scrape_timeout_seconds: 2\nstale_after_seconds: 4\n"
+    sidecar = start_sidecar(tmp_path, f"http://127.0.0.1:{port}", config)
+    try:
+        sidecar.wait_for(lambda: sidecar.diagnosis()["sources"]["vllm"]["up"] is True, 30, "vLLM's page read")
+
+        def cause() -> str | None:
+            verdict = sidecar.condition("vllm_unreachable")
+            return verdict["cause"] if verdict["state"] == "active" else None
+
+        os.kill(server.pid, signal.SIGUSR1)
+        sidecar.wait_for(lambda: cause() == "not_answering", 60, "vllm_unreachable, cause not_answering")
+        sidecar.wait_for(lambda: bool(sidecar.diagnosis()["stack_dumps"]), 30, "the API server's stacks")
+        dump = sidecar.diagnosis()["stack_dumps"][0]
+        assert dump["condition"] == "vllm_unreachable" and dump["role"] == "api_server" and dump["pid"] == server.pid, dump
+        assert "blocked_in_a_synchronous_call" in dump.get("stacks", ""), dump
+
+        os.kill(server.pid, signal.SIGSTOP)
+        sidecar.wait_for(lambda: cause() == "process_stopped", 30, "cause process_stopped")
+
+        server.kill()
+        server.wait()
+        sidecar.wait_for(lambda: cause() == "process_gone", 30, "cause process_gone")
+        evidence = " ".join(e["text"] for e in sidecar.condition("vllm_unreachable")["evidence"])
+        assert "API server process was last seen" in evidence, evidence
+    finally:
+        server.kill()
+        sidecar.process.kill()

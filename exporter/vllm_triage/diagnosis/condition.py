@@ -57,6 +57,8 @@ class Condition:
     notes: tuple[str, ...] = ()
     # The role whose Python stacks the daemon takes once when the verdict becomes active (py-spy dump): where it is stuck.
     stack_dump_role: str | None = None
+    # Only while its cause is one of these (empty: whatever the cause): a process that is gone has no stacks to take.
+    stack_dump_causes: tuple[str, ...] = ()
     # While active it fails /engine-liveness (opt-in, a liveness probe on vLLM's container): restarting vLLM is its fix.
     fails_engine_liveness: bool = False
 

@@ -235,7 +235,7 @@ class Engine:
             reasons = [self._why_missing(name, health) for name in down]
             return _Outcome(None, 0.0, missing=reasons)
         if condition.scope_kind == "global":
-            judge = Judge(global_signals, settings.thresholds, "", health)
+            judge = Judge(global_signals, settings.thresholds, "", health, active=self._debounce[condition.id].judged == "active")
             term = condition.predicate(judge)
             if "orphans" in condition.notes and term.holds:
                 for text in notes.orphans:

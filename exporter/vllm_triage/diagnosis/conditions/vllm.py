@@ -35,7 +35,40 @@ def _vllm_unreachable(j: Judge) -> Term:
     if limit is not None:
         j.note(f"a gap shorter than stale_after ({stale:.0f} s) is ridden through", "vllm_stale_after_seconds", stale)
     j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
+    if term.holds:
+        _unreachable_cause(j, scrape.last_error_reason)
     return term
+
+
+# Something answers on vLLM's port, but not with a page the sidecar can read: vLLM (or a proxy) is up.
+PAGE_REASONS = ("http_status", "too_large", "too_many_series", "truncated", "parse", "no_vllm_metrics")
+
+
+def _unreachable_cause(j: Judge, reason: str | None) -> None:
+    """Why /metrics fails, from the failure itself and what the host sees of the API server process."""
+    stopped, gone = j.signals.get("host_api_server_stopped"), j.signals.get("host_api_server_gone_seconds")
+    if reason in PAGE_REASONS:
+        j.cause = "page_unusable"
+        j.note("cause page_unusable: something answers on vLLM's port, but not with a /metrics page the sidecar can read")
+    elif stopped == 1.0:
+        j.cause = "process_stopped"
+        j.note("cause process_stopped: the API server process is stopped (SIGSTOP, a debugger): it can answer nothing", "host_api_server_stopped", stopped)
+    elif stopped == 0.0 and reason in ("timeout", "http"):
+        j.cause = "not_answering"
+        j.note(
+            "cause not_answering: the API server process runs but does not answer: its event loop is blocked (stack dump in /diagnosis)",
+            "host_api_server_stopped",
+            stopped,
+        )
+    elif stopped == 0.0:
+        j.cause = "not_listening"
+        j.note("cause not_listening: the API server process runs but nothing accepts on the scraped address", "host_api_server_stopped", stopped)
+    elif gone is not None:
+        j.cause = "process_gone"
+        j.note(f"cause process_gone: the API server process was last seen {gone:.0f} s ago", "host_api_server_gone_seconds", gone)
+    elif not j.active:  # once active, the cause seen first stays while the host can no longer tell
+        j.cause = "unknown"
+        j.note("cause unknown: the sidecar sees no vLLM process (is the process namespace shared? is the process source on?)")
 
 
 VLLM_UNREACHABLE = Condition(
@@ -50,15 +83,23 @@ VLLM_UNREACHABLE = Condition(
         "or its page is over the sidecar's limits (the evidence gives the last error)."
     ),
     next_actions=(
-        "Is the server up? Check the pod's restarts and the vLLM container's logs.",
-        "Look for OOM kills (kubectl describe pod; dmesg) and CUDA errors in the log.",
+        "Is the server up? Check the pod's restarts and the vLLM container's logs; the cause says what the host sees of "
+        "the API server process (gone, stopped, not answering, not listening) or of its page.",
+        "cause=process_gone: the server exited: look for OOM kills (kubectl describe pod; dmesg) and CUDA errors in the log.",
         "An engine core or worker outlived its API server (the evidence names its pid and GPU memory; "
         "vllm_triage_process_orphaned): it keeps the GPU, so the restarted server cannot allocate: kill it.",
-        "Last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
+        "cause=process_stopped: something sent SIGSTOP or a debugger holds the API server: `kill -CONT <pid>`; find who stopped it.",
+        "cause=not_answering: the API server's event loop is blocked: the stack dump /diagnosis attaches (stack_dumps), or "
+        "`py-spy dump --pid <API server pid>`, shows where; restart the pod.",
+        "cause=not_listening: the process runs but refuses connections: is vllm_url the port vLLM listens on?",
+        "cause=page_unusable, last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
         "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
     ),
     predicate=_vllm_unreachable,
-    reads=("vllm_down_seconds", "vllm_stale_after_seconds"),
+    reads=("vllm_down_seconds", "vllm_stale_after_seconds", "host_api_server_stopped", "host_api_server_gone_seconds"),
+    causes=("process_gone", "process_stopped", "not_answering", "not_listening", "page_unusable", "unknown"),
+    stack_dump_role="api_server",
+    stack_dump_causes=("not_answering",),
     thresholds=(
         Threshold("down_seconds_min", 0.0, "seconds of failed scrapes at or above which the predicate holds (at least stale_after)"),
         Threshold(
