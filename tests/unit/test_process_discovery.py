@@ -182,8 +182,8 @@ def test_threads_are_read_every_ten_seconds_and_the_busiest_is_repeated_between(
 
     spinner = subprocess.Popen(["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -c 'while True: pass'"])
     reads = []
-    real = psutil.Process.threads
-    monkeypatch.setattr(psutil.Process, "threads", lambda self: reads.append(self.pid) or real(self))
+    real = process_source._thread_schedstats
+    monkeypatch.setattr(process_source, "_thread_schedstats", lambda pid: reads.append(pid) or real(pid))
     clock = {"now": 1000.0}
     monkeypatch.setattr(process_source.time, "monotonic", lambda: clock["now"])
     try:
@@ -382,3 +382,21 @@ def test_a_tensor_parallel_rank_that_dies_or_stops_while_its_engine_core_runs_is
                 child.kill()
             server.kill()
             server.wait()
+
+
+def test_without_schedstats_threads_are_read_through_psutil(monkeypatch):
+    """A kernel that keeps no schedstats: the busiest thread still comes (psutil's per-thread times), with no run-queue wait."""
+    import vllm_triage.sources.process as process_source
+
+    monkeypatch.setattr(process_source, "_thread_schedstats", lambda pid: None)
+    spinner = subprocess.Popen(["bash", "-c", f"exec -a VLLM::EngineCore {sys.executable} -c 'while True: pass'"])
+    try:
+        time.sleep(0.3)
+        source = ProcessSource(port=None)
+        source.collect()
+        time.sleep(1.0)
+        entry = next(p for p in source.collect().meta["processes"] if p["pid"] == spinner.pid)
+    finally:
+        spinner.kill()
+    assert entry["busiest_thread"]["main"] and entry["busiest_thread"]["cpu_ratio"] > 0.3, entry
+    assert "neediest_thread" not in entry, entry
