@@ -10,6 +10,7 @@ from typing import Any
 
 from .hardware import GpuPeak, gpu_peak
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta
+from .scope import gpu_scope
 from .signals.window import ServerFacts
 from .sources.process import STOPPED_STATES
 from .store import Store
@@ -63,7 +64,16 @@ class Discovery:
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
-        return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None)
+        return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None, self.gpu_groups)
+
+    @cached_property
+    def gpu_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Each tensor-parallel group's GPUs (one engine's pipeline stage), as scope keys: the ranks whose collectives
+        wait for each other."""
+        groups: dict[tuple[int, int], set[str]] = {}
+        for rank in self.ranks:
+            groups.setdefault((rank["dp_rank"], rank["pp_rank"]), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
+        return tuple(tuple(sorted(gpus)) for _, gpus in sorted(groups.items()) if gpus)
 
     def host_notes(self) -> list[str]:
         """The busiest thread of each engine core / API server, then the functions holding the GIL."""

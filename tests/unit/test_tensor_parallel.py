@@ -205,3 +205,56 @@ def test_a_rank_whose_gpu_another_program_computes_on_is_the_straggler_on_the_h2
     straggler = verdict(snapshot, "tp_straggler")
     assert straggler.active and straggler.scopes == ("gpu:1",) and straggler.cause == "foreign_process", texts(straggler)
     assert snapshot.signals["gpu:1"]["gpu_sm_activity_to_peers_ratio"] > 1.15 and snapshot.signals["gpu:0"]["gpu_foreign_compute_processes_max"] == 0
+
+
+def as_two_engines(readings: list[Reading], gpu: Callable[[int, str, float], float]) -> list[Reading]:
+    """The TP=2 readings (as_tensor_parallel) as two data-parallel engines' would be (DP=2 x TP=2, four GPUs): GPUs 0 and 1
+    copied as GPUs 2 and 3, each copy rewritten by `gpu(index, name, value)`; four workers titled VLLM::Worker_DP{d}_TP{t},
+    one per GPU."""
+    pids = (*WORKERS, 900003, 900004)
+    out = []
+    for reading in as_tensor_parallel(readings):
+        if reading.source == GPU_SOURCE and reading.ok:
+            samples = dict(reading.samples)
+            for (name, labels), value in reading.samples.items():
+                copy = dict(labels)
+                if copy.get("gpu") in ("0", "1"):
+                    index = int(copy["gpu"]) + 2
+                    copy.update(gpu=str(index), **({"uuid": copy["uuid"] + "-dp1"} if "uuid" in copy else {}))
+                    samples[(name, make_labels(copy))] = gpu(index, name, value)
+            held = [{"gpu": i, "pid": pid, "used_bytes": 70.0 * 2**30} for i, pid in enumerate(pids)]
+            gpus = [*reading.meta["gpus"], *({**g, "gpu": g["gpu"] + 2} for g in reading.meta["gpus"])]
+            reading = dataclasses.replace(reading, samples=samples, meta={**reading.meta, "gpus": gpus, "compute_processes": held})
+        elif reading.source == PROCESS_SOURCE:
+            others = [p for p in reading.meta["processes"] if p["role"] != "worker"]
+            workers = [
+                {"pid": pid, "role": "worker", "index": i, "status": "sleeping", "title": f"VLLM::Worker_DP{i // 2}_TP{i % 2}"} for i, pid in enumerate(pids)
+            ]
+            samples = {**reading.samples, **{("process_stopped", make_labels({"role": "worker", "index": str(i)})): 0.0 for i in range(4)}}
+            reading = dataclasses.replace(reading, samples=samples, meta={**reading.meta, "processes": [*others, *workers]})
+        out.append(reading)
+    return out
+
+
+def test_with_two_data_parallel_engines_a_gpu_is_compared_with_its_own_group_only():
+    """DP=2 x TP=2 on four GPUs built from the H200's readings. GPU 3 braked to 80 % of the SM clock: the straggler of
+    engine 1's group (GPU 2 its one peer). Engine 1's two GPUs both at 80 %: a slower engine, no straggler (against every
+    GPU watched, GPU 2 and 3 would each read 0.8 of the others' median)."""
+    readings, end = serving()
+
+    def gpu3_braked(index: int, name: str, value: float) -> float:
+        return value * 0.8 if index == 3 and name == "gpu_sm_clock_hertz" else value
+
+    snapshot = judged(as_two_engines(readings, gpu3_braked), end)
+    assert snapshot.discovery["parallelism"][1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery["parallelism"]
+    straggler = verdict(snapshot, "tp_straggler")
+    assert straggler.active and straggler.scopes == ("gpu:3",) and straggler.cause == "clocks", texts(straggler)
+    assert any("GPUs in its tensor-parallel group (the rank map) 2 is >= 2" in t for t in texts(straggler)), texts(straggler)
+    assert snapshot.signals["gpu:3"]["gpu_peers"] == 1.0 and snapshot.signals["gpu:0"]["gpu_sm_clock_to_peers_ratio"] == 1.0
+
+    def engine1_slower(index: int, name: str, value: float) -> float:
+        return value * 0.8 if name == "gpu_sm_clock_hertz" else value
+
+    slower = judged(as_two_engines(readings, engine1_slower), end)
+    assert verdict(slower, "tp_straggler").state == "inactive", texts(verdict(slower, "tp_straggler"))
+    assert slower.signals["gpu:2"]["gpu_sm_clock_to_peers_ratio"] == 1.0

@@ -169,17 +169,39 @@ def _each_gpu_mean(ctx: SignalContext, metric: str) -> dict[str, float]:
     return ctx.view.once(("each_gpu_mean", metric), compute)
 
 
+def _group(ctx: SignalContext, scope: str) -> tuple[str, ...] | None:
+    """The GPUs of `scope`'s tensor-parallel group where the rank map places it in one."""
+    return next((group for group in ctx.facts.gpu_groups if scope in group), None)
+
+
+def _peers_of(ctx: SignalContext, scope: str, watched: list[str]) -> list[str] | None:
+    """The GPUs `scope` is compared with: the others of its tensor-parallel group where the rank map places ranks (one
+    engine's GPUs are not another's peers; a GPU it places in no group has none), else every other watched GPU."""
+    if not ctx.facts.gpu_groups:
+        return [other for other in watched if other != scope]
+    group = _group(ctx, scope)
+    return [other for other in group if other != scope and other in watched] if group is not None else None
+
+
 def _peers(ctx: SignalContext) -> float | None:
     gpus = [s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu"]
-    return float(len(gpus) - 1) if gpus else None
+    if ctx.scope == AGGREGATE_SCOPE:
+        return float(len(gpus) - 1) if gpus else None
+    peers = _peers_of(ctx, ctx.scope, gpus)
+    return float(len(peers)) if peers is not None else None
+
+
+def _tensor_parallel_size(ctx: SignalContext) -> float | None:
+    group = _group(ctx, ctx.scope) if ctx.scope != AGGREGATE_SCOPE else None
+    return float(len(group)) if group is not None else None
 
 
 def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -> Callable[[SignalContext], float | None]:
-    """This GPU's window mean over the median of the other watched GPUs' (the first metric the GPUs have); for the
-    aggregate, the most outlying GPU's (`worst` of them all)."""
+    """This GPU's window mean over the median of its peers' (the first metric the GPUs have); for the aggregate, the
+    most outlying GPU's (`worst` of them all)."""
 
-    def ratio(means: dict[str, float], scope: str) -> float | None:
-        peers = [value for other, value in means.items() if other != scope]
+    def ratio(ctx: SignalContext, means: dict[str, float], scope: str) -> float | None:
+        peers = [means[other] for other in _peers_of(ctx, scope, list(means)) or []]
         middle = statistics.median(peers) if peers else 0.0
         return means[scope] / middle if scope in means and middle > 0 else None
 
@@ -188,9 +210,9 @@ def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -
         if means is None:
             return None
         if ctx.scope == AGGREGATE_SCOPE:
-            ratios = [r for scope in means if (r := ratio(means, scope)) is not None]
+            ratios = [r for scope in means if (r := ratio(ctx, means, scope)) is not None]
             return worst(ratios) if ratios else None
-        return ratio(means, ctx.scope)
+        return ratio(ctx, means, ctx.scope)
 
     return compute
 
@@ -275,7 +297,18 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
         "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)",
         ("max",),
     ),
-    SignalDef("gpu_peers", "peers", "The other GPUs watched beside this one (a tensor-parallel group's peers).", _peers),
+    SignalDef(
+        "gpu_peers",
+        "peers",
+        "The GPUs this one is compared with: the others of its tensor-parallel group (the rank map), else every other watched GPU.",
+        _peers,
+    ),
+    SignalDef(
+        "gpu_tensor_parallel_size",
+        "tensor_parallel_size",
+        "The GPUs of this GPU's tensor-parallel group, as the rank map places vLLM's ranks on them.",
+        _tensor_parallel_size,
+    ),
     SignalDef(
         "gpu_sm_clock_to_peers_ratio",
         "sm_clock_to_peers_ratio",

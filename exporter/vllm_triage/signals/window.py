@@ -288,6 +288,9 @@ class ServerFacts:
     max_num_seqs: int | None = None
     peak_flops_per_second: float | None = None  # per GPU, dense bf16 (hardware.GPU_PEAKS)
     peak_memory_bytes_per_second: float | None = None
+    # Each tensor-parallel group's GPUs (scope keys) as the rank map places its ranks: one engine's group is not
+    # compared with another engine's. Empty where the rank map places none.
+    gpu_groups: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass

@@ -189,7 +189,10 @@ GPU_THROTTLED = Condition(
 
 
 def _tensor_parallel_group(j: Judge) -> Term:
-    """The rank map shows one engine whose model is split over two or more GPUs: the watched GPUs are its group."""
+    """The rank map places this GPU in a tensor-parallel group of two or more (its peers are that group's GPUs); else it
+    shows one engine whose model is split over two or more GPUs: the watched GPUs are its group."""
+    if j.signals.get("gpu_tensor_parallel_size") is not None:
+        return j.compare("gpu_tensor_parallel_size", ">=", "tensor_parallel_min", "GPUs in its tensor-parallel group (the rank map)")
     group = j.compare("vllm_tensor_parallel_size", ">=", "tensor_parallel_min", "tensor-parallel size (vLLM's worker titles)")
     engines = j.signals.get("vllm_parallel_engines")
     if group.holds and engines is not None and engines > 1:
@@ -260,6 +263,7 @@ TP_STRAGGLER = Condition(
         "gpu_sm_activity_to_peers_ratio",
         "gpu_utilization_ratio_mean",
         "gpu_throttled_ratio",
+        "gpu_tensor_parallel_size",
         "vllm_tensor_parallel_size",
         "vllm_parallel_engines",
     ),
@@ -342,6 +346,7 @@ COMMUNICATION_BOUND = Condition(
         "gpu_sm_activity_from_gpm",
         "prompt_tokens_per_second",
         "generation_tokens_per_second",
+        "gpu_tensor_parallel_size",
         "vllm_tensor_parallel_size",
         "vllm_parallel_engines",
     ),
