@@ -278,7 +278,9 @@ class Exposition:
         if gap <= 2 * self.tick_seconds:
             return True
         due = times[-1] + gap
-        return due - 2 * self.tick_seconds < now <= due + self.tick_seconds
+        # The tick before the scrape is due renders; one a quarter tick after it too (a scrape a little late, or the tick's
+        # own jitter); a scrape later than that has its body rendered when it comes.
+        return due - self.tick_seconds < now <= due + self.tick_seconds / 4
 
     def rendered(self, openmetrics: bool) -> bytes | None:
         """The current snapshot's body if already rendered (safe from any thread)."""
