@@ -223,8 +223,10 @@ def test_killed_api_server_is_unreachable_and_its_surviving_engine_core_is_named
         assert "connect" in {s.labels["reason"] for s in metrics["vllm_triage_source_errors"] if s.labels["source"] == "vllm"}
         assert sidecar.diagnosis()["sources"]["vllm"]["last_error_reason"] == "connect"
         assert {s.labels["role"]: s.value for s in metrics["vllm_triage_process_orphaned"]}["engine_core"] == 1.0
-        texts = [e["text"] for e in sidecar.condition("vllm_unreachable")["evidence"]]
+        unreachable = sidecar.condition("vllm_unreachable")
+        texts = [e["text"] for e in unreachable["evidence"]]
         assert any(f"engine_core pid {core}" in t and "outlived its API server" in t for t in texts), texts
+        assert unreachable["cause"] == "process_gone", texts  # the host saw the API server, and sees it no more
         # judged on the readings before the outage for stale_after (15 s), then unknown, saying why
         sidecar.wait_for(lambda: sidecar.condition("kv_cache_saturated")["state"] == "unknown", 30, "kv_cache_saturated unknown after stale_after")
         kv = sidecar.condition("kv_cache_saturated")
