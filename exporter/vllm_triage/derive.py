@@ -13,8 +13,8 @@ from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
 from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth
 from .registry import SOURCES, SOURCES_BY_NAME
-from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_scope
-from .signals.window import compute_signals
+from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_group_scope, gpu_scope, parse_scope
+from .signals.window import WindowView, compute_signals
 from .signals.window import window as signals_window
 from .sources.process import STOPPED_STATES
 from .store import Store
@@ -43,6 +43,12 @@ class Derived:
     discovery: Discovery
     global_signals: dict[str, float | None]
     _cache: dict[tuple[str, float], ScopedSignals] = field(default_factory=dict)
+    _views: dict[tuple[str, float], WindowView] = field(default_factory=dict)
+
+    def _view(self, source: str, window: float) -> WindowView:
+        if (source, window) not in self._views:
+            self._views[(source, window)] = signals_window(self.store, source, self.now, window)
+        return self._views[(source, window)]
 
     def signals_for(self, source: str, window: float) -> ScopedSignals:
         """scope -> signals for one source and window (at least its lookback), the aggregate under
@@ -50,7 +56,7 @@ class Derived:
         spec = SOURCES_BY_NAME[source]
         window = max(window, spec.lookback_seconds)
         if (source, window) not in self._cache:
-            view = signals_window(self.store, source, self.now, window)
+            view = self._view(source, window)
             facts = self.discovery.facts()
             # vLLM engines and GPUs are judged one by one; host signals are per role already.
             per_role = spec.scope_kind == "host"
@@ -65,12 +71,29 @@ class Derived:
 
     def engine_scoped(self, window: float) -> ScopedSignals:
         """Each vLLM engine's signals with the GPUs' aggregate (while the GPU source is fresh) and the
-        host's beside them: what an engine-scoped condition is judged on."""
+        host's beside them: what an engine-scoped condition is judged on. Where the rank map places several
+        data-parallel engines on GPUs, each engine's GPU signals are its own GPUs', not every GPU's."""
         beside: dict[str, float | None] = {}
+        gpu_fresh = False
         for spec in SOURCES:
             if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and self.fresh.get(spec.name)):
                 beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
-        return {scope: {**values, **beside} for scope, values in self.signals_for(VLLM_SOURCE, window).items()}
+                gpu_fresh = gpu_fresh or spec.scope_kind == "gpu"
+        engines = self.discovery.engine_gpus if gpu_fresh else {}
+        scoped = {}
+        for scope, values in self.signals_for(VLLM_SOURCE, window).items():
+            gpus = engines.get(parse_scope(scope).engine) if scope != AGGREGATE_SCOPE else None
+            scoped[scope] = {**values, **beside, **(self._gpu_group_signals(window, gpus) if gpus else {})}
+        return scoped
+
+    def _gpu_group_signals(self, window: float, gpus: tuple[str, ...]) -> dict[str, float | None]:
+        """The GPU signals over several GPUs (one engine's), as its aggregate would be over them alone."""
+        spec = SOURCES_BY_NAME[GPU_SOURCE]
+        window = max(window, spec.lookback_seconds)
+        key = (gpu_group_scope(gpus), window)
+        if key not in self._cache:
+            self._cache[key] = {key[0]: compute_signals(self._view(GPU_SOURCE, window), key[0], self.discovery.facts(), spec.signals)}
+        return self._cache[key][key[0]]
 
     def inputs(self, wants: Wants) -> TickInputs:
         """The judge's values: each (scope kind, window) it wants, computed now, and the discovery notes it names."""

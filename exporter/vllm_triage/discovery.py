@@ -67,6 +67,16 @@ class Discovery:
         return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None, self.gpu_groups)
 
     @cached_property
+    def engine_gpus(self) -> dict[str, tuple[str, ...]]:
+        """Each data-parallel engine's GPUs (scope keys, by its engine label: the dp rank), where the rank map places
+        two or more engines on GPUs: each is judged beside its own GPUs, not every GPU's mean."""
+        engines: dict[str, set[str]] = {}
+        for rank in self.ranks:
+            engines.setdefault(str(rank["dp_rank"]), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
+        placed = {engine: tuple(sorted(gpus)) for engine, gpus in engines.items() if gpus}
+        return placed if len(placed) > 1 else {}
+
+    @cached_property
     def gpu_groups(self) -> tuple[tuple[str, ...], ...]:
         """Each tensor-parallel group's GPUs (one engine's pipeline stage), as scope keys: the ranks whose collectives
         wait for each other."""

@@ -2,7 +2,8 @@
 
 A scope's key is the string /diagnosis shows (`Snapshot.signals`' keys, the store's index):
 `model/engine` for a vLLM engine (`/engine` for an engine's series without a model, such as
-cache_config_info, which belong to every model there), `gpu:<index>`, `role:<role>` for vLLM's
+cache_config_info, which belong to every model there), `gpu:<index>`, `gpus:<index>,<index>` for the GPUs
+one data-parallel engine runs on (judged beside that engine), `role:<role>` for vLLM's
 processes, `all` for a source's aggregate (`gpu:all` for the GPUs'), `host` for the processes' and
 the GIL's signals together. `parse_scope` gives the typed view of a key.
 """
@@ -16,9 +17,9 @@ from .model import Labels
 
 AGGREGATE_SCOPE = "all"
 HOST_SCOPE = "host"
-_GPU, _ROLE = "gpu:", "role:"
+_GPU, _GPUS, _ROLE = "gpu:", "gpus:", "role:"
 
-ScopeKind = Literal["engine", "shared", "gpu", "role", "aggregate", "gpu_aggregate", "host"]
+ScopeKind = Literal["engine", "shared", "gpu", "gpu_group", "role", "aggregate", "gpu_aggregate", "host"]
 
 
 class Scope(NamedTuple):
@@ -34,6 +35,17 @@ def engine_scope(model: str, engine: str) -> str:
 
 def gpu_scope(index: str) -> str:
     return _GPU + index
+
+
+def gpu_group_scope(gpus: tuple[str, ...]) -> str:
+    """Several GPUs judged as one (`gpu:` scopes in, their indexes in the key)."""
+    return _GPUS + ",".join(g.removeprefix(_GPU) for g in gpus)
+
+
+@lru_cache(maxsize=256)
+def group_members(key: str) -> tuple[str, ...]:
+    """The GPU scopes of a `gpus:` scope."""
+    return tuple(gpu_scope(index) for index in key.removeprefix(_GPUS).split(","))
 
 
 def role_scope(role: str) -> str:
@@ -75,6 +87,8 @@ def parse_scope(key: str) -> Scope:
         return Scope("gpu_aggregate")
     if key == HOST_SCOPE:
         return Scope("host")
+    if key.startswith(_GPUS):
+        return Scope("gpu_group", key.removeprefix(_GPUS))
     if key.startswith(_GPU):
         return Scope("gpu", key.removeprefix(_GPU))
     if key.startswith(_ROLE):

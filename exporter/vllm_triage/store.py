@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from .model import Labels, Reading, SourceHealth, bucket_bound
-from .scope import AGGREGATE_SCOPE, scope_of, shared_scopes
+from .scope import AGGREGATE_SCOPE, group_members, parse_scope, scope_of, shared_scopes
 
 
 class Series(NamedTuple):  # a tuple: made for every sample of every reading, so made cheaply
@@ -60,9 +60,12 @@ class Frame:
         key = ("series", name, scope)
         found = self.memo.get(key)
         if found is None:
-            found = self.by_scope.get(scope, {}).get(name, ())
-            for shared in shared_scopes(scope):
-                found += self.by_scope.get(shared, {}).get(name, ())
+            if parse_scope(scope).kind == "gpu_group":
+                found = tuple(s for member in group_members(scope) for s in self.by_scope.get(member, {}).get(name, ()))
+            else:
+                found = self.by_scope.get(scope, {}).get(name, ())
+                for shared in shared_scopes(scope):
+                    found += self.by_scope.get(shared, {}).get(name, ())
             self.memo[key] = found
         return found  # type: ignore[return-value]
 

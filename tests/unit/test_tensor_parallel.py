@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
-from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Labels, Reading, Snapshot, make_labels
+from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Labels, Reading, Snapshot, make_labels
 from vllm_triage.pipeline import replay
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -207,16 +207,26 @@ def test_a_rank_whose_gpu_another_program_computes_on_is_the_straggler_on_the_h2
     assert snapshot.signals["gpu:1"]["gpu_sm_activity_to_peers_ratio"] > 1.15 and snapshot.signals["gpu:0"]["gpu_foreign_compute_processes_max"] == 0
 
 
-def as_two_engines(readings: list[Reading], gpu: Callable[[int, str, float], float]) -> list[Reading]:
+def as_two_engines(
+    readings: list[Reading], gpu: Callable[[int, str, float], float] = lambda index, name, value: value, engine1_from: list[Reading] | None = None
+) -> list[Reading]:
     """The TP=2 readings (as_tensor_parallel) as two data-parallel engines' would be (DP=2 x TP=2, four GPUs): GPUs 0 and 1
-    copied as GPUs 2 and 3, each copy rewritten by `gpu(index, name, value)`; four workers titled VLLM::Worker_DP{d}_TP{t},
-    one per GPU."""
+    copied as GPUs 2 and 3 (from the same reading of `engine1_from`, a timeline of the same readings, where given), each
+    copy rewritten by `gpu(index, name, value)`; four workers titled VLLM::Worker_DP{d}_TP{t}, one per GPU; with
+    `engine1_from`, vLLM's page also carries engine 1, a copy of engine 0's series."""
     pids = (*WORKERS, 900003, 900004)
     out = []
-    for reading in as_tensor_parallel(readings):
-        if reading.source == GPU_SOURCE and reading.ok:
+    engine1 = as_tensor_parallel(engine1_from) if engine1_from is not None else None
+    for position, reading in enumerate(as_tensor_parallel(readings)):
+        if reading.source == VLLM_SOURCE and reading.ok and engine1 is not None:
             samples = dict(reading.samples)
             for (name, labels), value in reading.samples.items():
+                if ("engine", "0") in labels:
+                    samples[(name, make_labels({**dict(labels), "engine": "1"}))] = value
+            reading = dataclasses.replace(reading, samples=samples)
+        elif reading.source == GPU_SOURCE and reading.ok:
+            samples = dict(reading.samples)
+            for (name, labels), value in (engine1[position] if engine1 is not None else reading).samples.items():
                 copy = dict(labels)
                 if copy.get("gpu") in ("0", "1"):
                     index = int(copy["gpu"]) + 2
@@ -258,3 +268,16 @@ def test_with_two_data_parallel_engines_a_gpu_is_compared_with_its_own_group_onl
     slower = judged(as_two_engines(readings, engine1_slower), end)
     assert verdict(slower, "tp_straggler").state == "inactive", texts(verdict(slower, "tp_straggler"))
     assert slower.signals["gpu:2"]["gpu_sm_clock_to_peers_ratio"] == 1.0
+
+
+def test_with_two_data_parallel_engines_each_is_judged_beside_its_own_gpus():
+    """DP=2 x TP=2: engine 0's GPUs serve as the H200 read them; engine 1's spin in their collectives over PCIe (the
+    hung-kernel capture's resident-kernel readings, 2 GiB/s each way), while both engines' pages count the same tokens.
+    Judged beside every GPU's mean, the group's picture is blurred; beside its own GPUs, engine 1 is communication-bound
+    and engine 0 is not."""
+    readings, end = serving()
+    spun, _ = spinning("pcie")
+    snapshot = judged(as_two_engines(readings, engine1_from=spun), end)
+    bound = verdict(snapshot, "communication_bound")
+    assert bound.active and bound.scopes == ("tiny/1",) and bound.cause == "pcie", texts(bound)
+    assert snapshot.discovery["parallelism"][1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery["parallelism"]

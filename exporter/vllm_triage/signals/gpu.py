@@ -8,7 +8,7 @@ from collections.abc import Callable
 from itertools import zip_longest
 from typing import cast
 
-from ..scope import AGGREGATE_SCOPE, parse_scope
+from ..scope import AGGREGATE_SCOPE, group_members, parse_scope
 from .window import SignalContext, SignalDef, label_value, mean_of
 
 # GPU signals (layer 3), per GPU scope `gpu:<index>`; the aggregate (scope "all") averages the
@@ -183,17 +183,29 @@ def _peers_of(ctx: SignalContext, scope: str, watched: list[str]) -> list[str] |
     return [other for other in group if other != scope and other in watched] if group is not None else None
 
 
+def _members(ctx: SignalContext) -> tuple[str, ...] | None:
+    """The GPUs a scope of several stands for (the aggregate: every watched one; an engine's `gpus:`); None for one GPU."""
+    if ctx.scope == AGGREGATE_SCOPE:
+        return tuple(s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu")
+    return group_members(ctx.scope) if parse_scope(ctx.scope).kind == "gpu_group" else None
+
+
 def _peers(ctx: SignalContext) -> float | None:
     gpus = [s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu"]
-    if ctx.scope == AGGREGATE_SCOPE:
-        return float(len(gpus) - 1) if gpus else None
+    if (members := _members(ctx)) is not None:
+        return float(len(members) - 1) if members else None
     peers = _peers_of(ctx, ctx.scope, gpus)
     return float(len(peers)) if peers is not None else None
 
 
 def _tensor_parallel_size(ctx: SignalContext) -> float | None:
-    group = _group(ctx, ctx.scope) if ctx.scope != AGGREGATE_SCOPE else None
-    return float(len(group)) if group is not None else None
+    """The GPU's tensor-parallel group's size; for an engine's GPUs, its largest group's (the aggregate: none, it may
+    mix engines)."""
+    if ctx.scope == AGGREGATE_SCOPE:
+        return None
+    members = _members(ctx) or (ctx.scope,)
+    sizes = [len(group) for group in ctx.facts.gpu_groups if set(group) & set(members)]
+    return float(max(sizes)) if sizes else None
 
 
 def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -> Callable[[SignalContext], float | None]:
@@ -209,8 +221,8 @@ def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -
         means = next((m for metric in metrics if len(m := _each_gpu_mean(ctx, metric)) > 1), None)
         if means is None:
             return None
-        if ctx.scope == AGGREGATE_SCOPE:
-            ratios = [r for scope in means if (r := ratio(ctx, means, scope)) is not None]
+        if (members := _members(ctx)) is not None:
+            ratios = [r for scope in means if scope in members and (r := ratio(ctx, means, scope)) is not None]
             return worst(ratios) if ratios else None
         return ratio(ctx, means, ctx.scope)
 
