@@ -311,10 +311,8 @@ def _pending(ctx: SignalContext, index: int) -> float:
 
 def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     """(seconds, requests) of the stall up to the newest reading: since the earliest reading after the token
-    counters (or the preemptions counter) last rose in which requests were pending that have not all finished since (success and abort
-    both count), or from which on every reading had requests pending, and how many are unfinished. vLLM's
-    running gauge drops to 0 in a real hang while no request finishes: requests seen pending after the
-    counters froze are still in flight whatever the gauges read now."""
+    counters (or the preemptions counter) last rose in which requests were pending that neither finished since nor
+    left the later readings' counts, or from which on every reading had requests pending, and how many are unfinished."""
     produced = _token_steps(ctx)
     if produced is None:
         return None
@@ -327,10 +325,16 @@ def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     stuck_at, stuck = None, 0.0
     finished_after = 0.0
     busy = True  # every reading from here to the newest had requests pending (the engine stood still with work)
+    # Still in flight: at most what each later reading counted pending, less what finished after it. vLLM's counts come
+    # only from the engine core's scheduler: a hung engine core sends none (its gauges stand still), so counts that fell
+    # without as many finishes are requests a live scheduler dropped: clients that went away, whose aborts vLLM does not
+    # count as finished (request_success_total{finished_reason="abort"} stays 0: vllm-project/vllm#31503).
+    ceiling = math.inf
     for index in range(len(frames) - 1, start - 1, -1):  # newest first: the finishes after each reading accumulate
         pending = _pending(ctx, index)
         busy = busy and pending > 0
-        left = pending - finished_after
+        ceiling = min(ceiling, pending - finished_after)
+        left = ceiling
         if left > 0 or busy:
             stuck_at, stuck = index, max(stuck, left)
         if index > 0:
@@ -600,8 +604,8 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     SignalDef(
         "seconds_stalled_with_requests_pending",
         "seconds_stalled_with_requests_pending",
-        "Seconds for which requests seen pending (running or waiting) after the token counters last rose have not finished while no "
-        "token was produced and nothing was preempted; 0 when tokens flow or nothing is pending.",
+        "Seconds for which requests seen pending (running or waiting) after the token counters last rose have neither finished nor "
+        "left vLLM's later counts while no token was produced and nothing was preempted; 0 when tokens flow or nothing is pending.",
         _seconds_stalled,
     ),
     SignalDef(
@@ -613,7 +617,7 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     SignalDef(
         "requests_stalled",
         "requests_stalled",
-        "Requests seen pending since the token counters last rose that have not finished since (whatever the running gauge reads now).",
+        "Requests seen pending since the token counters last rose that have neither finished nor left vLLM's counts since.",
         _requests_stalled,
     ),
     SignalDef(

@@ -152,7 +152,7 @@ def _engine_wedged(j: Judge) -> Term:
             j.compare("requests_pending_latest", ">", "pending_latest_min", "requests running or waiting as vLLM counts them since"),
         )
     if not stalled.holds and j.active and resumed is None:
-        # Declared hung, it stays so while nothing moves: no token and no request finished (abort included) in
+        # Declared hung, it stays so while nothing moves: no token and no request finished in
         # the whole window. In a long hang the readings that saw the requests pending leave the window while
         # vLLM's gauges read 0.
         frozen = all_of(
@@ -211,16 +211,9 @@ def _stall_evidence(j: Judge) -> None:
     thread = j.signals.get("host_engine_core_busiest_thread_cpu_ratio")
     if thread is not None:
         j.note(f"the engine core's busiest thread uses {thread:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", thread)
-    stuck, running = j.signals.get("requests_stalled"), j.signals.get("requests_running_min")
+    stuck = j.signals.get("requests_stalled")
     pending_now = (j.signals.get("requests_running_max") or 0) + (j.signals.get("requests_waiting_max") or 0)
-    if stuck and running is not None and running < stuck:
-        j.note(
-            f"{stuck:.0f} requests were pending when the token counters froze and none finished since, yet vLLM's running gauge read "
-            f"{running:.0f}: the gauge lies in a hang (it drops while no request finishes)",
-            "requests_stalled",
-            stuck,
-        )
-    elif stuck:
+    if stuck:
         j.note(f"{stuck:.0f} requests pending and not finished since the token counters froze", "requests_stalled", stuck)
     elif not pending_now:
         j.note("vLLM's gauges show nothing pending: the stall is judged by the host alone")
