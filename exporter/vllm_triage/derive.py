@@ -44,6 +44,7 @@ class Derived:
     global_signals: dict[str, float | None]
     _cache: dict[tuple[str, float], ScopedSignals] = field(default_factory=dict)
     _views: dict[tuple[str, float], WindowView] = field(default_factory=dict)
+    _group_cache: dict[tuple[str, float], dict[str, float | None]] = field(default_factory=dict)  # (gpus: scope, window)
 
     def _view(self, source: str, window: float) -> WindowView:
         if (source, window) not in self._views:
@@ -90,10 +91,10 @@ class Derived:
         """The GPU signals over several GPUs (one engine's), as its aggregate would be over them alone."""
         spec = SOURCES_BY_NAME[GPU_SOURCE]
         window = max(window, spec.lookback_seconds)
-        key = (gpu_group_scope(gpus), window)
-        if key not in self._cache:
-            self._cache[key] = {key[0]: compute_signals(self._view(GPU_SOURCE, window), key[0], self.discovery.facts(), spec.signals)}
-        return self._cache[key][key[0]]
+        scope = gpu_group_scope(gpus)
+        if (scope, window) not in self._group_cache:
+            self._group_cache[(scope, window)] = compute_signals(self._view(GPU_SOURCE, window), scope, self.discovery.facts(), spec.signals)
+        return self._group_cache[(scope, window)]
 
     def inputs(self, wants: Wants) -> TickInputs:
         """The judge's values: each (scope kind, window) it wants, computed now, and the discovery notes it names."""
@@ -135,7 +136,7 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
     fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
     found = discover(store, configured_max_num_seqs)
     ranks = found.ranks
-    stopped, gone = _api_server_seen(store, fresh.get(PROCESS_SOURCE, False), now)
+    stopped, gone = _api_server_seen(store, found, fresh.get(PROCESS_SOURCE, False), now)
     global_signals = {
         "vllm_down_seconds": _down_seconds(store, health[VLLM_SOURCE], now),
         "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
@@ -147,13 +148,13 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
     return Derived(store, now, sources, health, fresh, found, global_signals)
 
 
-def _api_server_seen(store: Store, fresh: bool, now: float) -> tuple[float | None, float | None]:
+def _api_server_seen(store: Store, found: Discovery, fresh: bool, now: float) -> tuple[float | None, float | None]:
     """What the process source sees of vLLM's API server now: (1 stopped or 0 running, while one is watched; seconds
     since one was last watched, while none is and the readings kept show one). Both None without a fresh reading."""
     latest = store.latest(PROCESS_SOURCE)
     if not fresh or latest is None or not latest.ok:
         return None, None
-    servers = [p for p in latest.process_meta().get("processes", []) if p.get("role") == "api_server"]
+    servers = [p for p in found.processes if p.get("role") == "api_server"]
     if servers:
         return (1.0 if servers[0].get("status") in STOPPED_STATES else 0.0), None
     for frame in reversed(store.window(PROCESS_SOURCE, -math.inf, now)):

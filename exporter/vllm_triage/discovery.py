@@ -4,6 +4,7 @@ resolved from config, then the readings, then vLLM's defaults; each says where i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -66,24 +67,25 @@ class Discovery:
         peak = self.gpu_peak
         return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None, self.gpu_groups)
 
+    def _gpus_by(self, key: Callable[[dict[str, Any]], Any]) -> dict[Any, tuple[str, ...]]:
+        """The GPUs (scope keys) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""
+        grouped: dict[Any, set[str]] = {}
+        for rank in self.ranks:
+            grouped.setdefault(key(rank), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
+        return {k: tuple(sorted(gpus)) for k, gpus in sorted(grouped.items()) if gpus}
+
     @cached_property
     def engine_gpus(self) -> dict[str, tuple[str, ...]]:
         """Each data-parallel engine's GPUs (scope keys, by its engine label: the dp rank), where the rank map places
         two or more engines on GPUs: each is judged beside its own GPUs, not every GPU's mean."""
-        engines: dict[str, set[str]] = {}
-        for rank in self.ranks:
-            engines.setdefault(str(rank["dp_rank"]), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
-        placed = {engine: tuple(sorted(gpus)) for engine, gpus in engines.items() if gpus}
+        placed = self._gpus_by(lambda rank: str(rank["dp_rank"]))
         return placed if len(placed) > 1 else {}
 
     @cached_property
     def gpu_groups(self) -> tuple[tuple[str, ...], ...]:
         """Each tensor-parallel group's GPUs (one engine's pipeline stage), as scope keys: the ranks whose collectives
         wait for each other."""
-        groups: dict[tuple[int, int], set[str]] = {}
-        for rank in self.ranks:
-            groups.setdefault((rank["dp_rank"], rank["pp_rank"]), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
-        return tuple(tuple(sorted(gpus)) for _, gpus in sorted(groups.items()) if gpus)
+        return tuple(self._gpus_by(lambda rank: (rank["dp_rank"], rank["pp_rank"])).values())
 
     def host_notes(self) -> list[str]:
         """The busiest thread of each engine core / API server, then the functions holding the GIL."""
