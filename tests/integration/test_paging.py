@@ -238,7 +238,9 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
     rules.write_text(yaml.safe_dump(faster_rules()))
     sidecars, pages = {}, {}
     try:
-        for pod, capture in replayed_incidents(tmp_path).items():
+        incidents = replayed_incidents(tmp_path)
+        first_started = time.monotonic()  # the first sidecar's capture loops first: the deadline counts from its start
+        for pod, capture in incidents.items():
             (tmp_path / pod).mkdir()
             pages[pod] = timeline.ReplayedVllm(timeline.load(capture), REPLAY_SPEED)
             sidecars[pod] = start_sidecar(tmp_path / pod, "http://127.0.0.1:9", "", "--demo", "--demo-capture", str(capture), "--demo-speed", str(REPLAY_SPEED))
@@ -255,7 +257,7 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
             alertmanager,
         )
         try:
-            time.sleep(length / REPLAY_SPEED - 10)  # before the first capture loops
+            time.sleep(max(0.0, first_started + length / REPLAY_SPEED - 10 - time.monotonic()))  # before the first capture loops
             fired = {(s["metric"]["pod"], s["metric"]["alertname"]) for s in prometheus.query('max_over_time(ALERTS{alertstate="firing"}[1h])')}
         finally:
             prometheus.stop()
