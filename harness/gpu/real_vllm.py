@@ -29,10 +29,11 @@ from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config import load
 
-from harness.load import Phase, run_load
+from harness.load import Phase, run_load, run_load_processes
 from harness.vllm_server import wait_healthy
 
 PORT = 8000
+LOAD_PROCESSES = 4  # streamed clients run in load processes of their own: the recorder's event loop is the sidecar's
 URL = f"http://127.0.0.1:{PORT}"
 MODELS = Path("/tmp/models")
 SITE = "/tmp/site"  # vLLM and its dependencies, unpacked by the staging payload
@@ -195,6 +196,52 @@ SCENARIOS = {
         (Phase("loading", 5), Phase("serving", 90, 16, 40, 100), Phase("idle", 10)),
         "loading (vLLM launched 5 s in; the phase lasts until it answers): vllm_starting, nothing active. serving: nothing.",
         actions=(("loading", 5.0, "launch", 0.0),),
+    ),
+    # Where the cause lives in another layer than the symptom (the queue, the TTFT): each truth is written before its run.
+    # The wide model (8 Llama-70B-shaped layers, dummy weights) at three loads: a healthy decode of 12 clients (the engine
+    # core's thread spins in CUDA syncs at a full core), 128 clients (well sized), then 384 streamed clients of long prompts.
+    "compute_limit": Scenario(
+        "wide",
+        ("--max-num-seqs", "512", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (
+            Phase("idle", 10),
+            Phase("healthy", 80, 12, 300, 128),
+            Phase("well_sized", 80, 128, 300, 128),
+            Phase("saturated", 150, 384, 900, 32, stream=True),
+            Phase("idle", 10),
+        ),
+        "healthy (12 clients): the engine core's main thread near a full core, SM activity ~0.4, util.gpu ~0.5: no warning and "
+        "no critical verdict (no gpu_starved: the thread spins in CUDA syncs while the GPU has a kernel half the time or more). "
+        "well_sized (128 clients): no warning and no critical verdict. saturated (384 streamed clients of 900-word prompts): "
+        "tensor activity >= 0.6 or SM activity >= 0.8, requests waiting while KV has room and running stays below 512: "
+        "queue_backlog with cause gpu_compute (advice: replicas), compute_bound active, ttft_high (if its p95 passes 2 s) with "
+        "cause queueing; no gpu_starved.",
+    ),
+    # The API server is the limit: a tiny model, hundreds of streamed clients asking for logprobs (one SSE chunk per token).
+    "api_server_bound": Scenario(
+        "tiny",
+        ("--max-num-seqs", "512"),
+        (Phase("idle", 10), Phase("streaming", 150, 384, 8, 256, stream=True, logprobs=5), Phase("idle", 10)),
+        "streaming: the API server's main thread ~1 core with the GIL held most of the time, the engine core well under a core, "
+        "SM activity near 0: gpu_starved with cause api_server and advice --api-server-count 2 or more; ttft_high (where its "
+        "p95 passes 2 s) with cause api_server (vLLM's queue and prefill times a small part of its TTFT); no compute_bound.",
+    ),
+    # --max-num-seqs far below the offered load on a GPU-bound model: requests queue behind the cap.
+    "seqs_cap": Scenario(
+        "wide",
+        ("--max-num-seqs", "8", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (Phase("idle", 10), Phase("capped", 130, 48, 300, 128), Phase("idle", 10)),
+        "capped (48 clients on 8 sequences): 8 running, ~40 waiting, KV almost empty: queue_backlog with cause concurrency_cap "
+        "and advice to raise --max-num-seqs, primary; ttft_high with cause queueing; no gpu_starved (a healthy decode).",
+    ),
+    # --max-num-batched-tokens small for long prompts: each prompt takes several steps; requests wait for the token budget.
+    "token_budget": Scenario(
+        "wide",
+        ("--max-num-seqs", "128", "--max-num-batched-tokens", "256", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (Phase("idle", 10), Phase("budget", 130, 64, 900, 16), Phase("idle", 10)),
+        "budget (64 clients of 900-word prompts on 256 tokens per step): tokens per step at the budget, requests waiting while "
+        "KV has room and running stays below 128: queue_backlog with cause token_budget (advice: raise "
+        "--max-num-batched-tokens), ttft_high with cause queueing; no concurrency_cap, no gpu_starved.",
     ),
     # vLLM killed while idle after serving: nothing listens any more, its GPU memory freed.
     "killed": Scenario(
@@ -423,7 +470,11 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
         marks.append((phase.name, time.time()))
         print(f"{time.strftime('%H:%M:%S')} {name}: phase {phase.name} ({phase.seconds:.0f} s, {phase.clients} clients)", flush=True)
         if phase.clients:
-            load = run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+            load = (
+                run_load_processes(URL, "tiny", phase, LOAD_PROCESSES)
+                if phase.stream
+                else run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+            )
             profile_at = dict(scenario.profile_at).get(phase.name)
             acts = [act(a, arg, after, server, marks, time.time() + phase.seconds) for p, after, a, arg in scenario.actions if p == phase.name]
             if acts:
