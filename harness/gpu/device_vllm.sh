@@ -35,7 +35,11 @@ wait)
   pid=$(cat /tmp/realout.pid)
   while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
   tail -25 "$RUN/driver.log"
-  if kill -0 "$pid" 2>/dev/null; then echo "STILL RUNNING"; exit 0; fi
+  if kill -0 "$pid" 2>/dev/null; then
+    # the scenarios already recorded come back now: a machine given back before the next call loses only the one running
+    tar -C "$RUN" --exclude='*.pt.trace.json.gz' -czf "$OUT/real-vllm-partial.tar.gz" . && cp "$RUN/driver.log" "$OUT/"
+    echo "STILL RUNNING"; exit 0
+  fi
   # raw torch traces travel on their own (the capture's tar stays small); the largest ones stay behind
   tar -C "$RUN" --exclude='*.pt.trace.json.gz' -czf "$OUT/real-vllm.tar.gz" . && cp "$RUN/driver.log" "$OUT/"
   find "$RUN" -name '*.pt.trace.json.gz' -size -15M | head -4 | while read -r f; do cp "$f" "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"; done
