@@ -41,6 +41,11 @@ def default_max_num_seqs(version: str | None) -> tuple[int, str]:
     return 256, f"vLLM {version}'s default"
 
 
+def _bounded(value: Any) -> int | None:
+    """A count read from the monitored host's command line: data, not trust (1..2^20, else not known)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 2**20 else None
+
+
 RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker's (or engine core's) title vLLM sets
 
 
@@ -65,7 +70,14 @@ class Discovery:
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
-        return ServerFacts(self.max_num_seqs, peak.bf16_flops_per_second if peak else None, peak.memory_bytes_per_second if peak else None, self.gpu_groups)
+        return ServerFacts(
+            self.max_num_seqs,
+            peak.bf16_flops_per_second if peak else None,
+            peak.memory_bytes_per_second if peak else None,
+            self.gpu_groups,
+            _bounded(self.api_server_args.get("max_num_batched_tokens")),
+            (_bounded(self.api_server_args.get("api_server_count")) or 1) if self.processes else None,
+        )
 
     def _gpus_by(self, key: Callable[[dict[str, Any]], Any]) -> dict[Any, tuple[str, ...]]:
         """The GPUs (scope keys) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""

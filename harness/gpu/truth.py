@@ -79,7 +79,7 @@ CAUSES_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "bursty": (set(), {"compute_bound", "memory_bandwidth_bound", "gpu_busy_not_computing"}),
 }
 CAUSES: dict[str, tuple[str, str]] = {
-    "starved": ("gpu_starved", "python"),
+    "starved": ("gpu_starved", "engine_python"),
     "launch": ("gpu_starved", "launch_overhead"),
     "pageable": ("gpu_starved", "pageable_copies"),
     "matmul_fp32": ("compute_bound", "cuda_cores"),

@@ -45,7 +45,7 @@ def test_busiest_thread_of_a_spinning_engine_core_is_a_full_core():
     assert all("pid" not in dict(lbl) for _, lbl in second.samples)  # bounded labels: role and index only
 
 
-def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, waited: float | None = None) -> Reading:
+def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, waited: float | None = None, api_server_thread: float = 0.2) -> Reading:
     core = make_labels({"role": "engine_core", "index": "0"})
     server = make_labels({"role": "api_server", "index": "0"})
     thread = {"tid": 7, "name": "VLLM::EngineCor", "main": True, "cpu_ratio": engine_core_thread}
@@ -54,7 +54,7 @@ def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, wai
         ("process_cpu_seconds_total", core): cpu_seconds,
     }
     if engine_core_thread >= 0.5 or waited is not None:  # the relaxed case is a headless engine: no API server visible
-        samples[("process_busiest_thread_cpu_ratio", server)] = 0.2
+        samples[("process_busiest_thread_cpu_ratio", server)] = api_server_thread
     process = {"pid": 7, "role": "engine_core", "index": 0, "busiest_thread": thread}
     if waited is not None:  # what schedstat says: the thread ran `engine_core_thread` and waited `waited` for a CPU
         samples[("process_thread_runqueue_wait_ratio", core)] = waited
@@ -63,7 +63,7 @@ def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, wai
     return Reading(PROCESS_SOURCE, t, True, samples, meta={"processes": [process], "runnable_tasks": 4})
 
 
-def starved_run(core_thread: float, gpu_util: float, sm: float, running: float = 8, waited: float | None = None):
+def starved_run(core_thread: float, gpu_util: float, sm: float, running: float = 8, waited: float | None = None, api_server_thread: float = 0.2):
     config = load(env={})
     settings = {cid: dataclasses.replace(s, window_seconds=20, for_seconds=0, clear_seconds=0) for cid, s in config.conditions.items()}
     engine = Engine(settings, 20, max_num_seqs=64)
@@ -75,7 +75,7 @@ def starved_run(core_thread: float, gpu_util: float, sm: float, running: float =
         c.generation_tokens += 8 * running
         store.add(reading(float(t), page(running, 0, 0.3, c)))
         store.add(gpu_reading(float(t), util=gpu_util, sm=sm))
-        store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread, waited=waited))
+        store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread, waited=waited, api_server_thread=api_server_thread))
         snapshot = evaluate(engine, store, float(t))
     assert snapshot is not None
     return snapshot, {v.condition: v for v in snapshot.verdicts}
@@ -115,6 +115,26 @@ def test_a_headless_engine_core_decides_alone():
 def test_starvation_names_its_cause():
     _, verdicts = starved_run(core_thread=0.97, gpu_util=0.2, sm=0.05)
     assert verdicts["gpu_starved"].cause == "launch_overhead"  # no GIL window, no PCIe traffic in this run
+
+
+def test_a_thread_spinning_beside_a_working_gpu_is_no_starvation():
+    """Measured on the H200 (the wide model, 8 clients, eager): the engine core's thread at 0.98 of a core, GPM SM active
+    0.375, util.gpu 0.52. The thread spins in its CUDA syncs while a kernel is resident half the time: no gpu_starved."""
+    _, verdicts = starved_run(core_thread=0.98, gpu_util=0.52, sm=0.375)
+    assert verdicts["gpu_starved"].state == "inactive"
+    assert any("util.gpu (share of time a kernel ran)" in e.text for e in verdicts["gpu_starved"].evidence)
+    _, verdicts = starved_run(core_thread=0.98, gpu_util=0.3, sm=0.2)  # no kernel most of the time: the host is the limit
+    assert verdicts["gpu_starved"].state == "active"
+
+
+def test_a_saturated_api_server_is_named_with_the_api_server_count_to_set():
+    """Measured on the H200 (a tiny model, streamed clients asking for logprobs): the API server's main thread 0.99 of a
+    core, the engine core 0.6, SM activity 0.004. The cause is the API server, not the engine core's launches."""
+    _, verdicts = starved_run(core_thread=0.6, gpu_util=0.05, sm=0.004, api_server_thread=0.99)
+    v = verdicts["gpu_starved"]
+    assert v.state == "active" and v.cause == "api_server", (v.state, v.cause)
+    assert any(a.startswith("--api-server-count 2:") for a in v.advice), v.advice
+    assert v.next_actions[0].startswith("cause=api_server"), v.next_actions[0]
 
 
 def test_an_engine_core_waiting_for_a_cpu_starves_the_gpu():

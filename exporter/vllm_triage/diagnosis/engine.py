@@ -180,7 +180,7 @@ class Engine:
                     score=outcome.score,
                     since=debounce.since,
                     evidence=tuple(outcome.evidence),
-                    next_actions=condition.next_actions,
+                    next_actions=actions_for(condition.next_actions, debounce.cause if debounce.judged == "active" else None),
                     missing=tuple(outcome.missing),
                     cause=debounce.cause,
                     causes=condition.causes,
@@ -277,6 +277,15 @@ class Engine:
                 evidence.append(Evidence("", None, None, "", False, f"cleared at once: {contradicted}", ""))
         advice = [f"{text} [{scope}]" if len(scopes) > 1 else text for scope, _, judge in holding for text in judge.advice]
         return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding], contradicted, advice=advice)
+
+
+def actions_for(actions: tuple[str, ...], cause: str | None) -> tuple[str, ...]:
+    """The observed cause's actions first, then those for every cause, then the other causes' marked as such."""
+    if cause is None:
+        return actions
+    mine = tuple(a for a in actions if a.startswith((f"cause={cause}:", f"cause={cause},")))
+    general = tuple(a for a in actions if not a.startswith("cause="))
+    return mine + general + tuple(f"(other cause) {a}" for a in actions if a.startswith("cause=") and a not in mine)
 
 
 def _suppress(outcomes: dict[str, _Outcome]) -> None:

@@ -211,6 +211,23 @@ def _max_num_seqs(ctx: SignalContext) -> float | None:
     return float(ctx.facts.max_num_seqs) if ctx.facts.max_num_seqs else None
 
 
+def _steps_per_second(ctx: SignalContext) -> float | None:
+    """Engine steps per second: each step observes vllm:iteration_tokens_total once. A counter does not collapse
+    between scrapes as the gauges do, and stands still only when the engine does not step."""
+    hist = ctx.view.histogram("vllm:iteration_tokens_total", ctx.scope)
+    span = ctx.view.span_seconds if len(ctx.view.frames) >= 2 else 0.0
+    return hist.count / span if hist is not None and span > 0 else None
+
+
+def _ttft_outside_engine(ctx: SignalContext) -> float | None:
+    """Mean TTFT less vLLM's own mean queue and prefill times: the time spent before the engine core saw the request
+    (the API server tokenising, its event loop, the input queue). vLLM measures TTFT from the API server's arrival."""
+    ttft, queue, prefill = (ctx.values.get(f"{name}_seconds_mean") for name in ("ttft", "queue_time", "prefill_time"))
+    if ttft is None or queue is None or prefill is None:
+        return None
+    return max(0.0, ttft - queue - prefill)
+
+
 def _running_to_max(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.values.get("requests_running_mean"), ctx.values.get("max_num_seqs"))
 
@@ -481,6 +498,18 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
     *_quantiles("vllm:request_queue_time_seconds", "queue_time_seconds", "Queue time", (0.5, 0.95)),
     *_quantiles("vllm:request_prefill_time_seconds", "prefill_time_seconds", "Prefill time", (0.95,)),
     *_quantiles("vllm:e2e_request_latency_seconds", "e2e_latency_seconds", "End-to-end request latency", (0.5, 0.95)),
+    SignalDef(
+        "ttft_outside_engine_seconds_mean",
+        "ttft_outside_engine_seconds_mean",
+        "Mean TTFT less vLLM's mean queue and prefill times: seconds a request spends before the engine core sees it (the API server).",
+        _ttft_outside_engine,
+    ),
+    SignalDef(
+        "ttft_outside_engine_ratio",
+        "ttft_outside_engine_ratio",
+        "Share of the mean TTFT spent outside the engine (before its queue), 0..1.",
+        lambda ctx: safe_ratio(ctx.values.get("ttft_outside_engine_seconds_mean"), ctx.values.get("ttft_seconds_mean")),
+    ),
     SignalDef("prefill_time_share_ratio", "prefill_time_share_ratio", "Prefill time / (prefill + decode time).", _prefill_share),
     SignalDef("prefix_cache_hit_ratio", "prefix_cache_hit_ratio", "Prefix cache hits / queries.", _prefix_hit_ratio),
     SignalDef(
@@ -562,6 +591,36 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         _hist_mean("vllm:request_generation_tokens"),
     ),
     SignalDef("tokens_per_step_mean", "tokens_per_step_mean", "Tokens per engine step, mean.", _hist_mean("vllm:iteration_tokens_total")),
+    SignalDef(
+        "engine_steps_per_second",
+        "engine_steps_per_second",
+        "Engine steps per second (observations of vllm:iteration_tokens_total): 0 while the engine does not step.",
+        _steps_per_second,
+    ),
+    SignalDef(
+        "engine_step_seconds_mean",
+        "engine_step_seconds_mean",
+        "Mean wall time per engine step (1 / steps per second), while it steps.",
+        lambda ctx: 1.0 / steps if (steps := ctx.values.get("engine_steps_per_second")) else None,
+    ),
+    SignalDef(
+        "max_num_batched_tokens",
+        "max_num_batched_tokens",
+        "vLLM's --max-num-batched-tokens, the token budget of a step (from its command line; absent when not given there).",
+        lambda ctx: float(ctx.facts.max_num_batched_tokens) if ctx.facts.max_num_batched_tokens else None,
+    ),
+    SignalDef(
+        "tokens_per_step_to_budget_ratio",
+        "tokens_per_step_to_budget_ratio",
+        "Mean tokens per step / --max-num-batched-tokens: near 1, every step is full and prompts wait for the budget.",
+        lambda ctx: safe_ratio(ctx.values.get("tokens_per_step_mean"), ctx.values.get("max_num_batched_tokens")),
+    ),
+    SignalDef(
+        "api_server_count",
+        "api_servers",
+        "vLLM's --api-server-count (1 when the command line does not set it; absent without the host view).",
+        lambda ctx: float(ctx.facts.api_server_count) if ctx.facts.api_server_count else None,
+    ),
     SignalDef("kv_capacity_tokens", "kv_capacity_tokens", "KV cache capacity in tokens (cache_config_info).", _kv_capacity_tokens),
     SignalDef("block_size_tokens", "kv_block_size_tokens", "KV block size in tokens (cache_config_info).", _block_size),
     SignalDef("prefix_caching_enabled", "prefix_caching_enabled", "1 when prefix caching is on.", _prefix_caching_enabled),

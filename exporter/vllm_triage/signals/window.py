@@ -291,6 +291,9 @@ class ServerFacts:
     # Each tensor-parallel group's GPUs (scope keys) as the rank map places its ranks: one engine's group is not
     # compared with another engine's. Empty where the rank map places none.
     gpu_groups: tuple[tuple[str, ...], ...] = ()
+    # From vLLM's command line where the host view shows it (None: not visible, or not given there).
+    max_num_batched_tokens: int | None = None
+    api_server_count: int | None = None
 
 
 @dataclass

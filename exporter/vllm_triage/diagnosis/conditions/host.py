@@ -3,6 +3,8 @@ each entry beside its predicate."""
 
 from __future__ import annotations
 
+import math
+
 from ...model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from ..condition import FROZEN, Condition, Threshold
 from ..judge import Judge, Term, all_of, any_of, sm_activity_words
@@ -14,6 +16,11 @@ def _gpu_starved(j: Judge) -> Term:
         j.compare("requests_waiting_mean", ">", "waiting_min", "requests waiting (window mean)"),
     )
     low = j.compare("gpu_sm_activity_ratio", "<", "sm_activity_max", sm_activity_words(j), upper=1.0)
+    if low.holds and j.signals.get("gpu_sm_activity_from_gpm"):
+        # A host thread at a full core may be spinning in a CUDA synchronisation while the GPU works: in eager decode
+        # the engine core's main thread reads ~1.0 of a core beside a kernel resident half the time or more (small,
+        # memory-bound kernels keep SM activity low). The GPU waits for the host only while it has no kernel to run.
+        low = all_of(low, j.compare("gpu_utilization_ratio_mean", "<", "kernel_resident_max", "util.gpu (share of time a kernel ran), window mean", upper=1.0))
     mean = j.signals.get("gpu_utilization_ratio_mean")
     swinging = all_of(
         j.compare("gpu_utilization_ratio_cv", ">", "utilization_cv_min", "util.gpu coefficient of variation"),
@@ -25,7 +32,6 @@ def _gpu_starved(j: Judge) -> Term:
         ),
     )
     host: list[Term] = []
-    python = False
     # The host side is judged on the threads' latest sample (10 s), not the window mean: a thread that turned saturated
     # or began to wait for a CPU is so now, and the `for` asks that it stay so (a mean took half the window to cross).
     for role, words in (("engine_core", "engine core"), ("api_server", "API server")):
@@ -48,18 +54,49 @@ def _gpu_starved(j: Judge) -> Term:
         gil = j.signals.get(f"host_{role}_gil_held_ratio")
         if gil is not None:
             host.append(j.compare(f"host_{role}_gil_held_ratio", ">=", "gil_held_min", f"{words} GIL held (latest py-spy window)", upper=1.0))
-            python = python or gil >= j.thresholds["gil_python_cause_min"]
     if not host:
         return all_of(pending, any_of(low, swinging), j.fact(None, "no engine core or API server visible", "host_engine_core_busiest_thread_cpu_ratio"))
     verdict = all_of(pending, any_of(low, swinging), any_of(*host))
     if verdict.holds:
-        _starvation_cause(j, python)
+        _starvation_cause(j)
     return verdict
 
 
-def _starvation_cause(j: Judge, python: bool) -> None:
+def _limiting_role(j: Judge) -> str:
+    """The process whose busiest thread is the limit: the one nearer a full core (the engine core on a tie). A saturated
+    API server leaves its engine core waiting for input, well under a core."""
+    shares = {role: share for role in ("engine_core", "api_server") if (share := j.signals.get(f"host_{role}_busiest_thread_cpu_ratio_recent")) is not None}
+    if shares.get("api_server", 0.0) > shares.get("engine_core", 0.0) and shares["api_server"] >= j.thresholds["thread_cpu_min"]:
+        return "api_server"
+    return "engine_core"
+
+
+def _advise_api_servers(j: Judge) -> None:
+    """--api-server-count N: N API servers feed an engine core that now uses `engine` of a core at most 1/engine times
+    what one feeds (it saturates at one core), and the GPU at most sm_activity_max / SM activity times."""
+    engine = j.signals.get("host_engine_core_busiest_thread_cpu_ratio_recent")
+    sm = j.signals.get("gpu_sm_activity_ratio")
+    count = int(j.signals.get("api_server_count") or 1)
+    if engine is None:
+        return
+    headroom = 1.0 / max(engine, 0.05)
+    if sm is not None:
+        headroom = min(headroom, j.thresholds["sm_activity_max"] / max(sm, 0.001) if sm < j.thresholds["sm_activity_max"] else 1.0)
+    wanted = max(count + 1, min(MAX_API_SERVERS, math.ceil(count * headroom)))
+    j.advise(
+        f"--api-server-count {wanted}: {count} API server{'s' if count > 1 else ''} saturate{'s' if count == 1 else ''} a core while the engine core's "
+        f"busiest thread uses {engine:.2f} of one: it can take about {1 / max(engine, 0.05):.1f}x the input"
+        + (f" and the GPU's SMs are {sm:.0%} active" if sm is not None else "")
+        + "; beyond that the engine core becomes the limit."
+    )
+
+
+MAX_API_SERVERS = 8  # past this the advice is no longer an extrapolation worth stating
+
+
+def _starvation_cause(j: Judge) -> None:
     """Why the host side cannot feed the GPU: a CPU limit or neighbours first (the host thread waits for a CPU),
-    then what the thread does with the CPU it gets."""
+    then which process is the limit, then what the engine core's thread does with the CPU it gets."""
     throttled = j.signals.get("host_cgroup_throttled_ratio")
     waits = {role: w for role in ("engine_core", "api_server") if (w := j.signals.get(f"host_{role}_thread_runqueue_wait_ratio_recent")) is not None}
     role, wait = max(waits.items(), key=lambda item: item[1], default=(None, None))
@@ -87,12 +124,24 @@ def _starvation_cause(j: Judge, python: bool) -> None:
             "gpu_pcie_busiest_direction_ratio",
             copies,
         )
-    elif python:
-        j.cause = "python"
-        j.note("cause python: a thread holds the GIL at least half the time: Python work between launches is the limit")
+    elif _limiting_role(j) == "api_server":
+        j.cause = "api_server"
+        share = j.signals.get("host_api_server_busiest_thread_cpu_ratio_recent") or 0.0
+        gil = j.signals.get("host_api_server_gil_held_ratio")
+        j.note(
+            f"cause api_server: the API server's busiest thread uses {share:.2f} of a core"
+            + (f" with the GIL held {gil:.0%} of the latest py-spy window" if gil is not None else "")
+            + " (tokenising, detokenising, one streamed chunk per token): the engine core waits for its input",
+            "host_api_server_busiest_thread_cpu_ratio_recent",
+            share,
+        )
+        _advise_api_servers(j)
+    elif (gil := j.signals.get("host_engine_core_gil_held_ratio")) is not None and gil >= j.thresholds["gil_python_cause_min"]:
+        j.cause = "engine_python"
+        j.note(f"cause engine_python: the engine core holds the GIL {gil:.0%} of the latest py-spy window: Python work between launches is the limit")
     else:
         j.cause = "launch_overhead"
-        j.note("cause launch_overhead: a host thread is saturated without holding the GIL most of the time: kernel launches and syncs")
+        j.note("cause launch_overhead: the engine core's thread is saturated without holding the GIL most of the time: kernel launches and syncs")
 
 
 GPU_STARVED = Condition(
@@ -112,11 +161,12 @@ GPU_STARVED = Condition(
         "cause=cpu_contention: vLLM's host threads wait for a CPU: give the pod CPU requests equal to its limits (Guaranteed QoS) "
         "and whole cores (the kubelet's static CPU manager), pin vLLM away from busy neighbours, or move them off the node.",
         "cause=cpu_throttled: the container's CPU limit throttles it: raise or remove the CPU limit (keep the request).",
+        "cause=api_server: the API server's thread is the limit (tokenising, detokenising, one SSE chunk per token, logprobs): "
+        "raise --api-server-count (the advice computes N), or ask clients for fewer streamed chunks and logprobs.",
         "cause=launch_overhead: many small kernels per step: CUDA graphs (drop --enforce-eager), a larger batch per step, async scheduling.",
-        "cause=python: Python work between launches (eager mode runs every layer's Python each step: drop --enforce-eager "
-        "for CUDA graphs); enable async scheduling, reduce per-step host work (detokenisation, logprobs, structured output).",
+        "cause=engine_python: Python work between launches (eager mode runs every layer's Python each step: drop --enforce-eager "
+        "for CUDA graphs); enable async scheduling, reduce per-step host work (structured output, sampling parameters).",
         "cause=pageable_copies: host<->device copies from pageable memory: pin host buffers (pin_memory), keep data on the GPU.",
-        "API server thread saturated (tokenisation/detokenisation): raise --api-server-count.",
         "Check the pod's CPU limit and throttling (vllm_triage_process_window_cgroup_throttled_ratio); give vLLM faster or more cores.",
         "To see where each step's host time goes, take a torch profiler trace of a few steps and run `vllm-triage trace` on it.",
     ),
@@ -138,18 +188,28 @@ GPU_STARVED = Condition(
         "gpu_utilization_ratio_cv",
         "gpu_sm_activity_from_gpm",
         "gpu_pcie_busiest_direction_ratio",
+        "api_server_count",
     ),
     thresholds=(
         Threshold("running_min", 0.0, "mean running above this (work pending)"),
         Threshold("waiting_min", 0.0, "or mean waiting above this"),
         Threshold("sm_activity_max", 0.4, "GPU SM activity below this", 0.0, 1.0),
+        Threshold(
+            "kernel_resident_max",
+            0.5,
+            "... and (where GPM reads SM activity) util.gpu below this: a GPU with a kernel resident longer is not waiting for the host",
+            0.0,
+            1.0,
+        ),
         Threshold("utilization_cv_min", 0.3, "or util.gpu swinging: coefficient of variation above this"),
         Threshold("swing_low", 0.3, "... with util.gpu mean at or above this", 0.0, 1.0),
         Threshold("swing_high", 0.8, "... and at or below this", 0.0, 1.0),
         Threshold("thread_cpu_min", 0.85, "engine core or API server busiest thread at or above this share of a core", 0.0, 1.0),
         Threshold("gil_held_min", 0.8, "or its GIL held at least this share of the latest py-spy window", 0.0, 1.0),
         Threshold("pcie_copy_ratio_min", 0.05, "cause pageable_copies when PCIe carries at least this share of the link", 0.0, 1.0),
-        Threshold("gil_python_cause_min", 0.5, "else cause python when the GIL is held at least this share (launch_overhead below)", 0.0, 1.0),
+        Threshold(
+            "gil_python_cause_min", 0.5, "else cause engine_python when the engine core holds the GIL at least this share (launch_overhead below)", 0.0, 1.0
+        ),
         Threshold(
             "throttled_ratio_for_cause",
             0.2,
@@ -161,7 +221,7 @@ GPU_STARVED = Condition(
     ),
     dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
     sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
-    causes=("cpu_throttled", "cpu_contention", "python", "launch_overhead", "pageable_copies"),
+    causes=("cpu_throttled", "cpu_contention", "pageable_copies", "api_server", "engine_python", "launch_overhead"),
 )
 
 

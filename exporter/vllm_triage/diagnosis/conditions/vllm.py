@@ -489,19 +489,98 @@ def _queue_backlog(j: Judge) -> Term:
                 usage,
             )
             _advise_capacity(j)
+        elif (limit := _gpu_limit(j, "gpu_compute")) is not None:
+            j.cause = "gpu_compute"
+            j.note(f"cause gpu_compute: {limit}: the GPU computes at its limit while requests wait; more sequences or tokens per step add no FLOPs")
+            _advise_replicas(j, "the GPU's compute")
         elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
             j.cause = "concurrency_cap"
             j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
             fit = j.signals.get("kv_requests_that_fit")
             if fit is not None and fit > max_seqs:
                 j.advise(f"--max-num-seqs {fit:.0f}: the KV cache holds {fit:.0f} requests of the observed length, the cap admits {max_seqs:.0f}.")
-        elif (core := j.signals.get("host_engine_core_busiest_thread_cpu_ratio")) is not None and core >= j.thresholds["scheduler_thread_min"]:
+        elif (full := j.signals.get("tokens_per_step_to_budget_ratio")) is not None and full >= j.thresholds["budget_ratio_for_cause"]:
+            j.cause = "token_budget"
+            budget = j.signals.get("max_num_batched_tokens") or 0.0
+            per_step = j.signals.get("tokens_per_step_mean") or 0.0
+            j.note(
+                f"cause token_budget: steps carry {per_step:.0f} tokens on average of the {budget:.0f} --max-num-batched-tokens allows ({full:.0%}): "
+                "every step is full, and prompts wait for the budget",
+                "tokens_per_step_to_budget_ratio",
+                full,
+            )
+            prompt = j.signals.get("prompt_tokens_mean")
+            if prompt:
+                wanted = max(2 * budget, math.ceil(prompt / BATCHED_TOKENS_STEP) * BATCHED_TOKENS_STEP)
+                j.advise(
+                    f"--max-num-batched-tokens {wanted:.0f} (now {budget:.0f}): a prompt of {prompt:.0f} tokens on average takes "
+                    f"{math.ceil(prompt / budget):.0f} steps to prefill at {budget:.0f}; a larger budget admits more prompts per step "
+                    "(watch ITL: a step with a long prefill chunk delays every decode in it)."
+                )
+        elif (limit := _gpu_limit(j, "gpu_bandwidth")) is not None:
+            j.cause = "gpu_bandwidth"
+            j.note(f"cause gpu_bandwidth: {limit}: decode is memory-bound at this batch while requests wait")
+            _advise_replicas(j, "the GPU's memory bandwidth")
+        elif (
+            (core := j.signals.get("host_engine_core_busiest_thread_cpu_ratio")) is not None
+            and core >= j.thresholds["scheduler_thread_min"]
+            and ((utilization := j.signals.get("gpu_utilization_ratio_mean")) is None or utilization < j.thresholds["kernel_resident_max"])
+        ):
             j.cause = "scheduler_bound"
             j.note(f"cause scheduler_bound: the engine core's busiest thread uses {core:.2f} of a core", "host_engine_core_busiest_thread_cpu_ratio", core)
+        elif (api := j.signals.get("host_api_server_busiest_thread_cpu_ratio")) is not None and api >= j.thresholds["scheduler_thread_min"]:
+            j.cause = "api_server"
+            j.note(f"cause api_server: the API server's busiest thread uses {api:.2f} of a core", "host_api_server_busiest_thread_cpu_ratio", api)
         else:
             j.cause = "unknown"
-            j.note("cause unknown: KV cache has room, running is below max_num_seqs, and the engine core is not saturated (or not visible)")
+            j.note("no clear bottleneck: " + _ruled_out(j))
     return backlog
+
+
+def _gpu_limit(j: Judge, kind: str) -> str | None:
+    """Where the GPU layer explains a queue: its compute at the limit (tensor cores, or SMs busy with DRAM to spare) or
+    its memory bandwidth at the limit with idle tensor cores; the words that say so, else None."""
+    tensor, sm, dram = (j.signals.get(f"gpu_{name}_ratio_mean") for name in ("tensor_active", "sm_active", "dram_bandwidth_utilization"))
+    t = j.thresholds
+    if kind == "gpu_compute":
+        if tensor is not None and tensor >= t["gpu_tensor_min"]:
+            return f"tensor-core activity {tensor:.2f} (>= {t['gpu_tensor_min']:g})"
+        if sm is not None and dram is not None and sm >= t["gpu_sm_min"] and dram < t["gpu_dram_min"]:
+            return f"SM activity {sm:.2f} (>= {t['gpu_sm_min']:g}) with DRAM bandwidth at {dram:.2f}"
+        return None
+    if dram is not None and dram >= t["gpu_dram_min"] and (tensor is None or tensor < t["gpu_tensor_min"] / 2):
+        return f"DRAM bandwidth utilisation {dram:.2f} (>= {t['gpu_dram_min']:g}) with tensor-core activity {0.0 if tensor is None else tensor:.2f}"
+    return None
+
+
+def _advise_replicas(j: Judge, limit: str) -> None:
+    """Replicas that serve the observed demand when one replica's GPU is the limit: each serves what runs now."""
+    running, waiting = j.signals.get("requests_running_mean"), j.signals.get("requests_waiting_mean")
+    if running and waiting is not None and running > 0:
+        replicas = math.ceil((running + waiting) / running)
+        j.advise(
+            f"{replicas} replicas of this size serve the observed demand: {running:.1f} running + {waiting:.1f} waiting = "
+            f"{running + waiting:.1f} requests, {running:.1f} at a time per replica at {limit}'s limit (or a faster GPU, or tensor parallelism)."
+        )
+
+
+def _ruled_out(j: Judge) -> str:
+    """What a queue_backlog without a cause was checked against, each with its reading."""
+    s = j.signals
+    checked = []
+    for what, signal, fmt in (
+        ("KV usage", "kv_cache_usage_ratio_mean", "{:.2f}"),
+        ("running / max_num_seqs", "running_to_max_num_seqs_ratio", "{:.2f}"),
+        ("tokens per step / budget", "tokens_per_step_to_budget_ratio", "{:.2f}"),
+        ("tensor activity", "gpu_tensor_active_ratio_mean", "{:.2f}"),
+        ("SM activity", "gpu_sm_active_ratio_mean", "{:.2f}"),
+        ("DRAM bandwidth", "gpu_dram_bandwidth_utilization_ratio_mean", "{:.2f}"),
+        ("engine core's thread", "host_engine_core_busiest_thread_cpu_ratio", "{:.2f} of a core"),
+        ("API server's thread", "host_api_server_busiest_thread_cpu_ratio", "{:.2f} of a core"),
+    ):
+        value = s.get(signal)
+        checked.append(f"{what} {fmt.format(value)}" if value is not None else f"{what} not read")
+    return "checked and ruled out: " + ", ".join(checked)
 
 
 QUEUE_BACKLOG = Condition(
@@ -519,10 +598,16 @@ QUEUE_BACKLOG = Condition(
     next_actions=(
         "cause=kv_capacity: KV cache is the limit; see kv_cache_saturated's actions.",
         "cause=concurrency_cap: running reached max_num_seqs; raise --max-num-seqs if KV cache allows.",
+        "cause=gpu_compute: the GPU computes at its limit: add replicas (the advice counts them), tensor parallelism or a faster GPU; "
+        "raising --max-num-seqs or the token budget adds no FLOPs.",
+        "cause=token_budget: every step is full: raise --max-num-batched-tokens (the advice computes it); long prompts take several steps each.",
+        "cause=gpu_bandwidth: decode is memory-bound: fp8 weights or KV cache, speculative decoding, more replicas.",
         "cause=scheduler_bound: the engine core's thread is saturated: see gpu_starved.",
+        "cause=api_server: the API server's thread is saturated: raise --api-server-count (see gpu_starved).",
         "cause=deferred: vLLM defers them (vllm:num_requests_waiting_by_reason): LoRA budget (raise --max-loras), "
         "KV transfer from a prefill instance (check the connector), structured-output grammar compilation.",
-        "cause=unknown: check the host layer (engine core CPU, GIL) and the GPU layer.",
+        "cause=unknown: no clear bottleneck: the evidence lists what was checked and ruled out; take a torch profiler trace "
+        "(`vllm-triage trace`) and read vLLM's log for the scheduler's view.",
     ),
     predicate=_queue_backlog,
     reads=(
@@ -538,6 +623,15 @@ QUEUE_BACKLOG = Condition(
         "kv_cache_one_block_below_full_ratio",
         "max_num_seqs",
         "host_engine_core_busiest_thread_cpu_ratio",
+        "host_api_server_busiest_thread_cpu_ratio",
+        "gpu_tensor_active_ratio_mean",
+        "gpu_sm_active_ratio_mean",
+        "gpu_dram_bandwidth_utilization_ratio_mean",
+        "gpu_utilization_ratio_mean",
+        "tokens_per_step_to_budget_ratio",
+        "tokens_per_step_mean",
+        "max_num_batched_tokens",
+        "running_to_max_num_seqs_ratio",
         *_ADVICE_READS,
     ),
     dont=("Do not raise --max-num-seqs when the cause is kv_capacity: more sequences compete for the same blocks.",),
@@ -550,6 +644,17 @@ QUEUE_BACKLOG = Condition(
         Threshold(
             "scheduler_thread_min", 0.85, "else the engine core's busiest thread (share of a core) at or above which the cause is scheduler_bound", 0.0, 1.0
         ),
+        Threshold("gpu_tensor_min", 0.6, "cause gpu_compute (before concurrency_cap) when tensor-core activity is at or above this", 0.0, 1.0),
+        Threshold("gpu_sm_min", 0.8, "... or SM activity at or above this with DRAM bandwidth below gpu_dram_min", 0.0, 1.0),
+        Threshold("gpu_dram_min", 0.7, "cause gpu_bandwidth (after token_budget) when DRAM bandwidth is at or above this", 0.0, 1.0),
+        Threshold("budget_ratio_for_cause", 0.85, "cause token_budget when mean tokens per step / --max-num-batched-tokens is at or above this", 0.0, 1.0),
+        Threshold(
+            "kernel_resident_max",
+            0.5,
+            "cause scheduler_bound only while util.gpu is below this: a saturated thread beside a GPU with a kernel resident longer spins in its syncs",
+            0.0,
+            1.0,
+        ),
         Threshold(
             "deferred_share_for_deferred_cause",
             0.5,
@@ -558,7 +663,7 @@ QUEUE_BACKLOG = Condition(
             1.0,
         ),
     ),
-    causes=("kv_capacity", "concurrency_cap", "scheduler_bound", "deferred", "unknown"),
+    causes=("kv_capacity", "gpu_compute", "concurrency_cap", "token_budget", "gpu_bandwidth", "scheduler_bound", "api_server", "deferred", "unknown"),
     # The window share already asks for 36 s of queueing in the last minute; the `for` adds persistence on top, so
     # a queue that never empties is reported 0.6 W + 30 s after it formed (the two together: 66 s of it).
     for_seconds=30,
@@ -683,13 +788,30 @@ def _ttft_high(j: Judge) -> Term:
         return Term(seen, 0.0)
     term = j.compare("ttft_seconds_p95", ">", "ttft_p95_max_seconds", "TTFT p95", " s")
     queue, prefill = j.signals.get("queue_time_seconds_mean"), j.signals.get("prefill_time_seconds_mean")
+    outside, ttft = j.signals.get("ttft_outside_engine_seconds_mean"), j.signals.get("ttft_seconds_mean")
     if term.holds and queue is not None and prefill is not None:
-        j.cause = "queueing" if queue >= prefill else "prefill"
-        j.note(
-            f"{j.cause} dominates: mean queue time {queue:.3f} s vs mean prefill time {prefill:.3f} s",
-            "queue_time_seconds_mean",
-            queue,
-        )
+        # TTFT = time outside the engine (vLLM stamps arrival in the API server) + its queue time + its prefill time
+        parts = {"queueing": queue, "prefill": prefill, "outside": outside or 0.0}
+        largest = max(parts, key=lambda k: parts[k])
+        split = f"mean TTFT {ttft or 0.0:.3f} s = {outside or 0.0:.3f} s outside the engine + {queue:.3f} s queued + {prefill:.3f} s prefill"
+        if largest != "outside":
+            j.cause = largest
+            j.note(f"cause {largest} dominates: {split}", "queue_time_seconds_mean", queue)
+        else:
+            api = j.signals.get("host_api_server_busiest_thread_cpu_ratio_recent")
+            saturated = api is not None and api >= j.thresholds["api_server_thread_min"]
+            j.cause = "api_server" if saturated else "frontend"
+            j.note(
+                f"cause {j.cause}: {split}: the time is spent before the engine sees the request"
+                + (
+                    f", and the API server's busiest thread uses {api:.2f} of a core (tokenising, detokenising, one SSE chunk per token)"
+                    if saturated
+                    else " (tokenising, the API server's event loop, the input queue; its busiest thread "
+                    + ("is not visible)" if api is None else f"uses {api:.2f} of a core)")
+                ),
+                "ttft_outside_engine_seconds_mean",
+                outside,
+            )
     return term
 
 
@@ -701,13 +823,28 @@ TTFT_HIGH = Condition(
     summary="Time to first token p95 is above the SLO",
     meaning="Users wait too long for the first token; the cause says whether queueing or prefill dominates.",
     next_actions=(
-        "cause=queueing: capacity; see queue_backlog and kv_cache_saturated.",
+        "cause=queueing: requests wait in vLLM's queue: queue_backlog's cause says for what (KV, the cap, the GPU, the budget).",
         "cause=prefill: long prompts; enable chunked prefill and prefix caching, cap --max-num-batched-tokens.",
+        "cause=api_server: the time is spent before the engine, in a saturated API server: raise --api-server-count (gpu_starved's "
+        "advice computes N); fewer streamed chunks or logprobs per request.",
+        "cause=frontend: the time is spent before the engine while the API server's thread is not saturated: tokenisation of "
+        "long prompts, a blocked event loop, a proxy or the client's network; py-spy the API server.",
     ),
     predicate=_ttft_high,
-    reads=("ttft_seconds_p95", "queue_time_seconds_mean", "prefill_time_seconds_mean", "ttft_seconds_observations"),
-    thresholds=(Threshold("ttft_p95_max_seconds", 2.0, "TTFT p95 SLO in seconds"),),
-    causes=("queueing", "prefill"),
+    reads=(
+        "ttft_seconds_p95",
+        "queue_time_seconds_mean",
+        "prefill_time_seconds_mean",
+        "ttft_seconds_observations",
+        "ttft_seconds_mean",
+        "ttft_outside_engine_seconds_mean",
+        "host_api_server_busiest_thread_cpu_ratio_recent",
+    ),
+    thresholds=(
+        Threshold("ttft_p95_max_seconds", 2.0, "TTFT p95 SLO in seconds"),
+        Threshold("api_server_thread_min", 0.85, "cause api_server (time outside the engine) when the API server's busiest thread is at least this", 0.0, 1.0),
+    ),
+    causes=("queueing", "prefill", "api_server", "frontend"),
 )
 
 

@@ -1,0 +1,69 @@
+"""Each demand-side verdict takes its cause from the layer where its fix is (the queue from the GPU, the token budget,
+the API server; TTFT split into time outside the engine, queue and prefill), and says plainly what it ruled out."""
+
+from __future__ import annotations
+
+from vllm_triage.diagnosis.conditions import CONDITIONS_BY_ID
+from vllm_triage.diagnosis.engine import actions_for
+from vllm_triage.diagnosis.judge import Judge
+
+QUEUE = {"requests_waiting_nonempty_ratio": 1.0, "requests_waiting_mean": 75.0, "requests_running_mean": 300.0, "max_num_seqs": 512.0}
+
+
+def judged(condition: str, signals: dict[str, float | None]) -> Judge:
+    c = CONDITIONS_BY_ID[condition]
+    j = Judge(signals, {t.name: t.default for t in c.thresholds}, "tiny/0")
+    assert c.predicate(j).holds
+    return j
+
+
+def test_a_queue_beside_a_gpu_at_its_compute_limit_is_gpu_compute_with_the_replicas():
+    """Measured on the H200: tensor activity 0.82, SM 0.92, DRAM 0.23, requests waiting while KV had room and running
+    stayed under max_num_seqs: the cause was `unknown` before."""
+    j = judged(
+        "queue_backlog",
+        QUEUE
+        | {
+            "kv_cache_usage_ratio_mean": 0.3,
+            "gpu_tensor_active_ratio_mean": 0.82,
+            "gpu_sm_active_ratio_mean": 0.92,
+            "gpu_dram_bandwidth_utilization_ratio_mean": 0.23,
+        },
+    )
+    assert j.cause == "gpu_compute"
+    assert any(a.startswith("2 replicas of this size") for a in j.advice), j.advice
+
+
+def test_a_queue_behind_a_full_token_budget_is_token_budget_with_the_budget_to_set():
+    signals = QUEUE | {"requests_running_mean": 20.0, "tokens_per_step_mean": 250.0, "max_num_batched_tokens": 256.0, "prompt_tokens_mean": 900.0}
+    signals["tokens_per_step_to_budget_ratio"] = 250.0 / 256.0
+    j = judged("queue_backlog", signals)
+    assert j.cause == "token_budget"
+    assert any(a.startswith("--max-num-batched-tokens 1024 (now 256)") for a in j.advice), j.advice
+
+
+def test_a_queue_no_layer_explains_says_what_was_ruled_out():
+    j = judged(
+        "queue_backlog", QUEUE | {"kv_cache_usage_ratio_mean": 0.3, "gpu_tensor_active_ratio_mean": 0.2, "host_engine_core_busiest_thread_cpu_ratio": 0.4}
+    )
+    assert j.cause == "unknown"
+    text = next(e.text for e in j.evidence if e.text.startswith("no clear bottleneck"))
+    assert "KV usage 0.30" in text and "tensor activity 0.20" in text and "API server's thread not read" in text, text
+
+
+def test_ttft_spent_outside_the_engine_in_a_saturated_api_server_is_the_api_server():
+    """Measured on the H200: TTFT p95 4.6 s with vLLM's queue time ~0 and prefill 0.014 s; the API server's thread 0.99."""
+    signals = {"ttft_seconds_observations": 900.0, "ttft_seconds_p95": 4.6, "ttft_seconds_mean": 3.0, "queue_time_seconds_mean": 0.0}
+    signals |= {"prefill_time_seconds_mean": 0.014, "ttft_outside_engine_seconds_mean": 2.986, "host_api_server_busiest_thread_cpu_ratio_recent": 0.99}
+    assert judged("ttft_high", signals).cause == "api_server"
+    assert judged("ttft_high", signals | {"host_api_server_busiest_thread_cpu_ratio_recent": 0.3}).cause == "frontend"
+    queued = signals | {"queue_time_seconds_mean": 2.9, "ttft_outside_engine_seconds_mean": 0.086}
+    assert judged("ttft_high", queued).cause == "queueing"
+
+
+def test_the_observed_causes_action_comes_first_and_the_others_are_marked():
+    actions = CONDITIONS_BY_ID["queue_backlog"].next_actions
+    ordered = actions_for(actions, "concurrency_cap")
+    assert ordered[0].startswith("cause=concurrency_cap:")
+    assert all(a.startswith("(other cause) cause=") for a in ordered[1:]), ordered
+    assert actions_for(actions, None) == actions
