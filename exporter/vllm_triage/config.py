@@ -263,7 +263,7 @@ class Config:
     window_seconds: float = option(60.0, _number(2.0), "Default window W for signals and conditions.", "S")
     max_num_seqs: int | None = option(
         None,
-        _optional(_number(1, integer=True)),
+        _optional(_number(1, 2**20, integer=True)),
         "vLLM's --max-num-seqs; default: read from vLLM's command line when visible, else vLLM's default.",
         "N",
     )

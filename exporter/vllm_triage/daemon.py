@@ -359,9 +359,23 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
         stopping.set()
         current.daemon.stop()
 
+    hangups: set[asyncio.Task[None]] = set()
+
+    def reload_now() -> None:
+        """SIGHUP reloads, as Prometheus' and Alertmanager's do: the config file and the web config are re-read now."""
+        daemon = current.daemon
+        if daemon.watch is None and web is None:
+            log.warning("SIGHUP: nothing to reload (no --config file and no web config); the sidecar keeps running")
+            return
+        log.warning("SIGHUP: re-reading %s", ", ".join(str(p) for p in (daemon.watch.path if daemon.watch else None, web.file if web else None) if p))
+        task = asyncio.create_task(_reload(daemon, web))
+        hangups.add(task)
+        task.add_done_callback(hangups.discard)
+
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a clean exit (py-spy killed, capture closed)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a clean exit: py-spy killed, capture closed
         loop.add_signal_handler(sig, stop)
+    loop.add_signal_handler(signal.SIGHUP, reload_now)
     refreshing = asyncio.create_task(_refresh_web_config(web, stopping)) if web is not None else None
     try:
         while True:
@@ -383,6 +397,15 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
             refreshing.cancel()
         await runner.cleanup()  # before the last pipeline goes: a scrape in flight may still render on it
         current.daemon.shutdown()
+
+
+async def _reload(daemon: Daemon, web: WebConfig | None) -> None:
+    if daemon.watch is not None:
+        await daemon._check_config()
+    if web is not None:
+        said = await asyncio.to_thread(web.refresh)
+        if said is not None:
+            (log.warning if "applied" in said else log.error)(said)
 
 
 async def _refresh_web_config(web: WebConfig, stopping: asyncio.Event) -> None:

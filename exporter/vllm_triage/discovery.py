@@ -239,8 +239,8 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     if configured_max_num_seqs:
         value, origin = configured_max_num_seqs, "config"
         text = f"max_num_seqs={value} (from the sidecar config)"
-    elif isinstance(args.get("max_num_seqs"), int):
-        value, origin = args["max_num_seqs"], "command_line"
+    elif (read := _bounded(args.get("max_num_seqs"))) is not None:
+        value, origin = read, "command_line"
         text = f"max_num_seqs={value} (from the vLLM command line, pid {found.get('api_server_pid', '?')})"
     else:
         value, why = default_max_num_seqs(version)

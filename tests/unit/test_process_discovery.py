@@ -47,6 +47,7 @@ def test_parse_vllm_args_both_spellings():
     )
     assert args == {"model": "/m", "max_num_seqs": 32, "tensor_parallel_size": 8, "port": 8001, "enable_prefix_caching": True}
     assert parse_vllm_args(["/venv/bin/vllm", "serve", "meta/llama", "--max-num-seqs", "x"]) == {"model": "meta/llama"}
+    assert parse_vllm_args(["vllm", "serve", "m" * 10_000, "--port", "70000", "--gpu-memory-utilization", "nan"]) == {"model": "m" * 256}
 
 
 def test_roles():
@@ -63,7 +64,9 @@ def test_roles():
 # A process that looks like vLLM's API server to the sidecar (`python -c CODE vllm.entrypoints... --port P`):
 # it listens on P and starts an engine core titled VLLM::EngineCore (argv[0], as setproctitle sets it).
 FAKE_API_SERVER = """
-import socket, subprocess, sys, time
+import os, socket, subprocess, sys, time
+if os.environ.get("FAKE_COMM_HEX"):  # a thread name as the kernel may cut it
+    open("/proc/self/comm", "wb").write(bytes.fromhex(os.environ["FAKE_COMM_HEX"]))
 port = int(sys.argv[sys.argv.index("--port") + 1])
 listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 listener.bind(("127.0.0.1", port)); listener.listen()
@@ -73,11 +76,12 @@ time.sleep(60)
 """
 
 
-def fake_vllm(port: int, max_num_seqs: int) -> tuple[subprocess.Popen, int]:
+def fake_vllm(port: int, max_num_seqs: int | str, comm: bytes = b"") -> tuple[subprocess.Popen, int]:
     server = subprocess.Popen(
         [sys.executable, "-c", FAKE_API_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port), "--max-num-seqs", str(max_num_seqs)],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "FAKE_COMM_HEX": comm.hex()},
     )
     assert server.stdout is not None
     line = server.stdout.readline().split()
@@ -120,6 +124,33 @@ def test_watches_only_the_vllm_it_scrapes_among_several_on_the_host():
         for pid in (first_core, second_core):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_hostile_command_line_and_a_split_thread_name_are_data_not_a_broken_evaluation():
+    """A 400-digit or negative --max-num-seqs is ignored with a message (vLLM's default applies), and a thread name
+    the kernel cut inside a UTF-8 character is read with a replacement character: evaluation and the report go on."""
+    for hostile in ("9" * 400, "-1"):
+        port = free_port()
+        # the kernel keeps 15 bytes: "é" (2 bytes) at bytes 14-15 is split, as a long UTF-8 name would be
+        server, core = fake_vllm(port, hostile, comm=b"api-server-ab\xc3")
+        try:
+            source = ProcessSource(port=port)
+            source.collect()
+            time.sleep(0.2)
+            reading = source.collect()  # the second read of the threads names the busiest
+            busiest = {e["pid"]: e["busiest_thread"] for e in reading.meta["processes"]}
+            assert busiest[server.pid]["name"] == "api-server-ab\ufffd", busiest
+            store = Store(60)
+            store.add(reading)
+            snapshot = evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp)
+            assert snapshot.discovery["max_num_seqs_origin"] == "default"
+            assert "max_num_seqs" not in reading.meta["api_server_args"]
+            assert "max_num_seqs=" in format_report(snapshot, "vllm")
+        finally:
+            server.kill()
+            server.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core, signal.SIGKILL)
 
 
 def test_binds_by_the_api_servers_port_flag_when_its_socket_is_not_visible(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import signal
 import socket
 import ssl
 import subprocess
@@ -80,6 +81,25 @@ def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
         assert status == 200 and b"vllm_triage_build_info" in body
         with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+def test_sighup_reloads_the_web_config_and_the_sidecar_keeps_serving(tmp_path):
+    """Prometheus' and Alertmanager's habit: SIGHUP re-reads the configuration; it must not stop the sidecar."""
+    process, url, ca = start_tls_sidecar(tmp_path, f"{TLS}basic_auth_users:\n  prometheus: '{HASH}'\n")
+    try:
+        rotated = bcrypt.hashpw(b"rotated", bcrypt.gensalt(rounds=10)).decode()
+        (tmp_path / "web.yml").write_text(f"{TLS}basic_auth_users:\n  prometheus: '{rotated}'\n")
+        process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while fetch(url + "/metrics", ca, "prometheus", "rotated")[0] != 200:
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
+            time.sleep(0.2)
+        assert fetch(url + "/metrics", ca, "prometheus", "s3cret")[0] == 401
+        assert "SIGHUP: re-reading" in (tmp_path / "sidecar.log").read_text()
+        assert process.poll() is None
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0

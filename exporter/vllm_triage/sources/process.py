@@ -22,21 +22,26 @@ from ..model import PROCESS_SOURCE, LostWorker, OrphanEntry, ProcessEntry, Proce
 
 log = logging.getLogger(__name__)
 
-# Command-line flags that other layers use; value is how to read it.
-FLAGS: dict[str, Callable[[str], Any]] = {
-    "--max-num-seqs": int,
-    "--max-num-batched-tokens": int,
-    "--tensor-parallel-size": int,
-    "-tp": int,
-    "--data-parallel-size": int,
-    "--api-server-count": int,
-    "--port": int,
-    "--block-size": int,
-    "--max-model-len": int,
-    "--served-model-name": str,
-    "--model": str,
-    "--gpu-memory-utilization": float,
+# Command-line flags that other layers use, and the range a value must lie in to be believed: the command
+# line is the monitored host's data, not the sidecar's trust (a 400-digit --max-num-seqs once overflowed
+# every evaluation). A value outside it is logged once and ignored, as an absent flag is.
+COUNT_MAX = 2**20
+FLAGS: dict[str, tuple[type, float, float]] = {
+    "--max-num-seqs": (int, 1, COUNT_MAX),
+    "--max-num-batched-tokens": (int, 1, 2**31),
+    "--tensor-parallel-size": (int, 1, 4096),
+    "-tp": (int, 1, 4096),
+    "--data-parallel-size": (int, 1, 4096),
+    "--api-server-count": (int, 1, 4096),
+    "--port": (int, 1, 65535),
+    "--block-size": (int, 1, COUNT_MAX),
+    "--max-model-len": (int, 1, 2**31),
+    "--served-model-name": (str, 0, 0),
+    "--model": (str, 0, 0),
+    "--gpu-memory-utilization": (float, 0.0, 1.0),
 }
+TEXT_VALUE_MAX = 256  # a model name or path longer than this is cut (argv can be megabytes)
+_refused: set[str] = set()  # flag=value already logged as out of range
 BOOLEAN_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling")
 
 
@@ -53,10 +58,9 @@ def parse_vllm_args(cmdline: list[str]) -> dict[str, Any]:
                 i += 1
             if raw is not None:
                 key = "tensor_parallel_size" if flag == "-tp" else flag.lstrip("-").replace("-", "_")
-                try:
-                    args[key] = FLAGS[flag](raw)
-                except ValueError:
-                    pass
+                value = _bounded_value(flag, raw)
+                if value is not None:
+                    args[key] = value
         elif flag in BOOLEAN_FLAGS:
             args[flag.lstrip("-").replace("-", "_")] = True
         i += 1
@@ -64,8 +68,26 @@ def parse_vllm_args(cmdline: list[str]) -> dict[str, Any]:
     if "serve" in cmdline and "model" not in args:
         position = cmdline.index("serve") + 1
         if position < len(cmdline) and not cmdline[position].startswith("-"):
-            args["model"] = cmdline[position]
+            args["model"] = cmdline[position][:TEXT_VALUE_MAX]
     return args
+
+
+def _bounded_value(flag: str, raw: str) -> Any:
+    kind, low, high = FLAGS[flag]
+    if kind is str:
+        return raw[:TEXT_VALUE_MAX]
+    text = raw[:32]
+    try:
+        value = kind(text) if len(raw) <= 32 else None
+    except ValueError:
+        value = None
+    if value is not None and low <= value <= high and not (kind is float and math.isnan(value)):
+        return value
+    if f"{flag}={text}" not in _refused and len(_refused) < 64:
+        _refused.add(f"{flag}={text}")
+        shown = text + ("..." if len(raw) > 32 else "")
+        log.warning("vLLM command line: %s %s is not a number in %s..%s; ignored (as if it were not given)", flag, shown, kind(low), kind(high))
+    return None
 
 
 def role_of(cmdline: list[str], title_prefix: str) -> str | None:
@@ -441,7 +463,8 @@ def _with_descendants(pids: set[int]) -> set[int]:
 
 def _thread_name(pid: int, tid: int) -> str:
     try:
-        with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8") as handle:
+        # The kernel cuts a name at 15 bytes, which can split a UTF-8 character.
+        with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as handle:
             return handle.read().strip()
     except OSError:
         return "?"
