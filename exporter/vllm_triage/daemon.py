@@ -26,9 +26,9 @@ from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
 from .pipeline import Pipeline, replay
 from .registry import SourceLoop, build_sources, every, start_sources
-from .server import make_app, serve
+from .server import PROBE_PATHS, make_app, probe_answer, serve
 from .sources.gil import dump_stacks
-from .webconfig import WebConfig
+from .webconfig import OPEN_PATHS, WebConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -350,7 +350,9 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
     current = _Current(Daemon(config, watch=watch))
     app = make_app(current, [web.middleware()] if web is not None else [])  # users may come with a later refresh
     tls = web.ssl_context if web is not None else None
-    runner, _ = await serve(app, *_listener(config), tls)
+    # Over the connection cap the probes are still answered: those that need no password when a web config is on.
+    probe = (partial(probe_answer, current), frozenset(OPEN_PATHS) if web is not None else frozenset(PROBE_PATHS))
+    runner, _ = await serve(app, *_listener(config), tls, probe)
     host = "127.0.0.1" if config.listen_host in ("0.0.0.0", "::", "") else config.listen_host
     print(f"vllm-triage serving on {'https' if tls else 'http'}://{host}:{config.listen_port}/", flush=True)
     stopping = asyncio.Event()
@@ -391,7 +393,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
             running.shutdown()
             if _listener(replacement.config) != _listener(running.config):
                 await runner.cleanup()
-                runner, _ = await serve(app, *_listener(replacement.config), tls)
+                runner, _ = await serve(app, *_listener(replacement.config), tls, probe)
     finally:
         if refreshing is not None:
             refreshing.cancel()

@@ -9,7 +9,6 @@ import html
 import json
 import logging
 import ssl
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Generic, Protocol, TypeVar
@@ -63,40 +62,138 @@ class _LastResult(Generic[T]):
 
 
 BUSY_RESPONSE = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+PROBE_PATHS = ("/healthz", "/readyz", "/engine-liveness")
+# Over the cap, a connection still gets PROBE_LANE_SECONDS to send a probe's request line: the kubelet's probes are
+# answered from the state the handlers read, without aiohttp, so idle half-requests holding every slot cannot fail
+# vLLM's liveness probe. The lane is bounded too (descriptors), but each of its connections lives 2 s at most.
+PROBE_LANE_MAX = 512
+PROBE_LANE_SECONDS = 2.0
+REQUEST_LINE_MAX = 2048
+FIRST_BYTE_SECONDS = 5.0  # a connection that sends nothing for this long is closed (a slow client sends its first line at once)
+ProbeAnswer = Callable[[str], tuple[int, str]]  # path -> (status, text)
 
 
-class _Busy(asyncio.Protocol):
-    """A connection over the cap: answered 503 and closed at once, so descriptors and memory stay bounded."""
+def _http_response(status: int, text: str) -> bytes:
+    body = text.encode()
+    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "Error")
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+class _ProbeLane(asyncio.Protocol):
+    """A connection over the cap: a probe is answered, anything else gets 503; either way it is closed at once."""
+
+    def __init__(self, answer: ProbeAnswer, paths: frozenset[str]) -> None:
+        self.answer, self.paths = answer, paths
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.write(BUSY_RESPONSE)
-        transport.close()
-
-
-class _Counted(asyncio.Protocol):
-    """aiohttp's handler for one connection, counted from its accept to its close (the server's own
-    list misses connections accepted in a burst but not yet set up). Over TLS, a connection whose handshake
-    never completes (a TCP probe, a port scan, plain HTTP on the TLS port) reaches neither connection_made nor
-    connection_lost: asyncio's TLS layer drops this protocol. Its slot comes back when the protocol is freed, or
-    at the latest when the handshake's deadline has passed (asyncio aborts the handshake by then)."""
-
-    def __init__(self, inner: asyncio.Protocol, site: CappedTCPSite, handshake_seconds: float | None) -> None:
-        self.inner, self.site = inner, site
-        site.open_connections += 1
-        release = self._release = weakref.finalize(self, site.release)
-        self._deadline = asyncio.get_running_loop().call_later(handshake_seconds + 1.0, release) if handshake_seconds is not None else None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self.inner.connection_made(transport)
+        self.transport = transport
+        self.deadline = asyncio.get_running_loop().call_later(PROBE_LANE_SECONDS, self._reply, BUSY_RESPONSE)
 
     def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
+        self.buffer += data
+        line, found, _ = self.buffer.partition(b"\r\n")
+        if not found:
+            if len(self.buffer) > REQUEST_LINE_MAX:
+                self._reply(BUSY_RESPONSE)
+            return
+        method, _, rest = line.decode("latin-1").partition(" ")
+        path = rest.partition(" ")[0].partition("?")[0]
+        if method in ("GET", "HEAD") and path in self.paths:
+            self._reply(_http_response(*self.answer(path)))
+        else:
+            self._reply(BUSY_RESPONSE)
+
+    def _reply(self, response: bytes) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(response)
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+
+
+class _Slot(asyncio.Protocol):
+    """One accepted connection, counted from its accept to its close, in front of `inner` (aiohttp's handler, or the
+    probe lane). Over TLS the handshake runs here (loop.start_tls), so an aborted or failed handshake gives the slot back
+    the moment it fails: with create_server(ssl=...) asyncio dropped the protocol without a call, and the slot waited for
+    the handshake deadline. A connection that sends nothing within FIRST_BYTE_SECONDS is closed."""
+
+    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None], tls: ssl.SSLContext | None, handshake_seconds: float) -> None:
+        self.inner, self._release, self.tls, self.handshake_seconds = inner, release, tls, handshake_seconds
+        self.released = False
+        self.started = False  # inner.connection_made called
+        self.early: list[bytes | None] = []  # what TLS delivered before inner was started (None: end of file)
+        self.transport: asyncio.BaseTransport | None = None
+        self.silence: asyncio.TimerHandle | None = None
+        self.handshake: asyncio.Task[None] | None = None
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._release()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.silence = asyncio.get_running_loop().call_later(FIRST_BYTE_SECONDS, self._silent)
+        if self.tls is None:
+            self._start(transport)
+        else:
+            self.handshake = asyncio.ensure_future(self._secure(transport))
+
+    async def _secure(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport) and self.tls is not None
+        try:
+            secure = await asyncio.get_running_loop().start_tls(transport, self, self.tls, server_side=True, ssl_handshake_timeout=self.handshake_seconds)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, RuntimeError):
+            transport.abort()
+            self._stop_silence()
+            self.release()
+            return
+        if secure is None:  # the connection closed as the handshake ended
+            self.release()
+            return
+        self.transport = secure
+        self._start(secure)
+
+    def _start(self, transport: asyncio.BaseTransport) -> None:
+        self.started = True
+        self.inner.connection_made(transport)
+        for data in self.early:
+            if data is None:
+                self.inner.eof_received()
+            else:
+                self.inner.data_received(data)
+        self.early = []
+
+    def _silent(self) -> None:
+        if isinstance(self.transport, asyncio.Transport) and not self.transport.is_closing():
+            self.transport.abort()
+
+    def _stop_silence(self) -> None:
+        if self.silence is not None:
+            self.silence.cancel()
+            self.silence = None
+
+    def data_received(self, data: bytes) -> None:
+        self._stop_silence()
+        if self.started:
+            self.inner.data_received(data)
+        else:
+            self.early.append(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        if self.started:
+            return self.inner.eof_received()
+        self.early.append(None)
+        return None
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()
@@ -105,27 +202,42 @@ class _Counted(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._release()  # once: a finalizer runs at most once
-        self.inner.connection_lost(exc)
+        self._stop_silence()
+        self.release()
+        if self.started:
+            self.inner.connection_lost(exc)
 
 
 class CappedTCPSite(web.TCPSite):
-    """A TCP site that holds at most `max_connections` connections (the rest get 503): thousands of
-    half-open clients otherwise took every file descriptor and /metrics stopped answering. The header
-    timeout is aiohttp's keepalive_timeout, which also runs from the connection's start until its first
-    request is complete (see serve())."""
+    """A TCP site that holds at most `max_connections` connections: thousands of half-open clients otherwise took every
+    file descriptor and /metrics stopped answering. Over the cap, probes are still answered (the probe lane) and the rest
+    get 503. The header timeout is aiohttp's keepalive_timeout, which also runs from the connection's start until its
+    first request is complete (see serve())."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, max_connections: int, ssl_context: ssl.SSLContext | None = None, handshake_seconds: float = 10.0
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        max_connections: int,
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_seconds: float = 10.0,
+        probe: tuple[ProbeAnswer, frozenset[str]] | None = None,
     ) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context)
+        super().__init__(runner, host, port)
+        self.tls = ssl_context
         self.max_connections = max_connections
         self.handshake_seconds = handshake_seconds
+        self.probe = probe
         self.open_connections = 0
+        self.lane_connections = 0
         self.refused = 0
 
     def release(self) -> None:
         self.open_connections -= 1
+
+    def _lane_release(self) -> None:
+        self.lane_connections -= 1
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -133,21 +245,37 @@ class CappedTCPSite(web.TCPSite):
         assert server is not None
 
         def protocol() -> asyncio.BaseProtocol:
-            if self.open_connections >= self.max_connections:
-                self.refused += 1
-                return _Busy()
-            return _Counted(server(), self, self.handshake_seconds if self._ssl_context is not None else None)
+            if self.open_connections < self.max_connections:
+                self.open_connections += 1
+                return _Slot(server(), self.release, self.tls, self.handshake_seconds)
+            self.refused += 1
+            if self.probe is None or self.lane_connections >= PROBE_LANE_MAX:
+                return _Busy(self.tls is not None)
+            self.lane_connections += 1
+            return _Slot(_ProbeLane(*self.probe), self._lane_release, self.tls, min(self.handshake_seconds, PROBE_LANE_SECONDS))
 
         self._server = await asyncio.get_running_loop().create_server(
             protocol,
             self._host,
             self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self.handshake_seconds if self._ssl_context is not None else None,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
         )
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over the cap and the probe lane's: answered 503 (closed unanswered over TLS: no handshake is spent
+    on it) and closed at once, so descriptors and memory stay bounded."""
+
+    def __init__(self, tls: bool) -> None:
+        self.tls = tls
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if not self.tls:
+            transport.write(BUSY_RESPONSE)
+        transport.close()
 
 
 class _OneLineBadRequests(logging.Filter):
@@ -163,16 +291,45 @@ class _OneLineBadRequests(logging.Filter):
 
 
 async def serve(
-    app: web.Application, host: str, port: int, max_connections: int, header_timeout_seconds: float, ssl_context: ssl.SSLContext | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    max_connections: int,
+    header_timeout_seconds: float,
+    ssl_context: ssl.SSLContext | None = None,
+    probe: tuple[ProbeAnswer, frozenset[str]] | None = None,
 ) -> tuple[web.AppRunner, CappedTCPSite]:
     """Start serving `app` (over TLS with `ssl_context`); a client must finish each request's headers within
-    `header_timeout_seconds` (also the idle keep-alive time between requests)."""
+    `header_timeout_seconds` (also the idle keep-alive time between requests). Over the connection cap, `probe`
+    answers its paths (the probe lane)."""
     logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=header_timeout_seconds)
     await runner.setup()
-    site = CappedTCPSite(runner, host, port, max_connections, ssl_context, handshake_seconds=header_timeout_seconds)
+    site = CappedTCPSite(runner, host, port, max_connections, ssl_context, handshake_seconds=header_timeout_seconds, probe=probe)
     await site.start()
     return runner, site
+
+
+def probe_answer(outlets: Outlets, path: str) -> tuple[int, str]:
+    """/healthz, /readyz and /engine-liveness: (status, text), for the handlers and the probe lane alike."""
+    if path == "/readyz":
+        if outlets.evaluation_error is not None:
+            return 503, f"evaluation failing: {outlets.evaluation_error}\n"
+        if outlets.snapshot is None:
+            return 503, "starting: no evaluation yet\n"
+        return 200, "ready\n"
+    if path == "/engine-liveness":
+        # For a liveness probe on vLLM's container: only a judged hang fails it (Condition.fails_engine_liveness:
+        # engine_wedged); a sidecar starting, or a vLLM it cannot reach, never restarts vLLM: vLLM's own /health covers a
+        # dead server.
+        if not outlets.engine_liveness_endpoint:
+            return 404, "off: set engine_liveness_endpoint: true in the sidecar's config\n"
+        snapshot = outlets.snapshot
+        hung = next((v for v in snapshot.verdicts if v.active and CONDITIONS_BY_ID[v.condition].fails_engine_liveness), None) if snapshot else None
+        if hung is not None:
+            said = "; ".join(e.text for e in hung.evidence if e.holds or e.signal == "host_engine_core_stopped")
+            return 503, f"{hung.condition} (cause {hung.cause}): {said}\n"
+    return 200, "ok\n"
 
 
 def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Application:
@@ -189,28 +346,9 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
             body = gzipped[openmetrics](body)
         return web.Response(body=body, headers=headers)
 
-    async def healthz(_: web.Request) -> web.StreamResponse:
-        return web.Response(text="ok\n")
-
-    async def readyz(_: web.Request) -> web.StreamResponse:
-        if outlets.evaluation_error is not None:
-            return web.Response(status=503, text=f"evaluation failing: {outlets.evaluation_error}\n")
-        if outlets.snapshot is None:
-            return web.Response(status=503, text="starting: no evaluation yet\n")
-        return web.Response(text="ready\n")
-
-    async def engine_liveness(_: web.Request) -> web.StreamResponse:
-        # For a liveness probe on vLLM's container: only a judged hang fails it (Condition.fails_engine_liveness:
-        # engine_wedged); a sidecar starting, or a vLLM it cannot reach, never restarts vLLM: vLLM's own /health covers a
-        # dead server.
-        if not outlets.engine_liveness_endpoint:
-            return web.Response(status=404, text="off: set engine_liveness_endpoint: true in the sidecar's config\n")
-        snapshot = outlets.snapshot
-        hung = next((v for v in snapshot.verdicts if v.active and CONDITIONS_BY_ID[v.condition].fails_engine_liveness), None) if snapshot else None
-        if hung is not None:
-            said = "; ".join(e.text for e in hung.evidence if e.holds or e.signal == "host_engine_core_stopped")
-            return web.Response(status=503, text=f"{hung.condition} (cause {hung.cause}): {said}\n")
-        return web.Response(text="ok\n")
+    async def probe(request: web.Request) -> web.StreamResponse:
+        status, text = probe_answer(outlets, request.path)
+        return web.Response(status=status, text=text)
 
     async def diagnosis(_: web.Request) -> web.StreamResponse:
         if outlets.snapshot is None:
@@ -235,9 +373,8 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]  # aiohttp's own alias is looser
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/engine-liveness", engine_liveness)
+    for path in PROBE_PATHS:
+        app.router.add_get(path, probe)
     app.router.add_get("/diagnosis", diagnosis)
     app.router.add_get("/report", report)
     app.router.add_get("/report.html", report_page)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from vllm_triage.capture import CaptureError, read_readings
 from vllm_triage.cli import main
 from vllm_triage.config import ConfigError, load, redact_url
 from vllm_triage.model import Reading
+from vllm_triage.server import PROBE_LANE_SECONDS
 
 from harness.components import get, start_sidecar
 
@@ -106,6 +108,36 @@ def sidecar_fds(pid: int) -> int:
     return psutil.Process(pid).num_fds()
 
 
+def test_probes_are_answered_while_idle_half_requests_hold_every_slot(tmp_path):
+    """The review's attack: more half-requests than the cap, renewed as they time out. A kubelet restarts vLLM after 3
+    failed liveness probes; none may fail, while /metrics over the cap still gets 503."""
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\nmax_connections: 16\nengine_liveness_endpoint: true\n")
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(40):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            clients.append(client)
+        time.sleep(0.3)
+        probes = [get(sidecar.url + path, timeout=5)[0] for _ in range(5) for path in ("/engine-liveness", "/healthz")]
+        assert probes == [200] * 10
+        assert get(sidecar.url + "/metrics", timeout=5)[0] == 503
+        # a probe that sends its request line slowly, in pieces, within the lane's deadline, is answered too
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            for piece in (b"GET /engine-", b"liveness HTTP/1.1\r\n", b"Host: x\r\n\r\n"):
+                slow.sendall(piece)
+                time.sleep(0.2)
+            slow.settimeout(5)
+            assert slow.recv(1024).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for client in clients:
+            client.close()
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=15)
+    assert b"Traceback" not in sidecar.log_path.read_bytes()
+
+
 def test_half_open_clients_are_capped_and_timed_out_and_metrics_keeps_answering(tmp_path):
     sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\nmax_connections: 20\nhttp_header_timeout_seconds: 1\n")
     port = int(sidecar.url.rsplit(":", 1)[1])
@@ -116,8 +148,8 @@ def test_half_open_clients_are_capped_and_timed_out_and_metrics_keeps_answering(
             client = socket.create_connection(("127.0.0.1", port))
             client.sendall(b"GET /metr")
             clients.append(client)
-        time.sleep(0.5)
-        assert sidecar_fds(sidecar.process.pid) <= baseline + 20 + 5, "connections over the cap are closed at once"
+        time.sleep(PROBE_LANE_SECONDS + 0.5)
+        assert sidecar_fds(sidecar.process.pid) <= baseline + 20 + 5, "connections over the cap are closed once the probe lane's deadline passes"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and get(sidecar.url + "/metrics", timeout=5)[0] != 200:
             time.sleep(0.2)
@@ -256,9 +288,19 @@ def test_diagnose_of_an_unreachable_vllm_reports_the_outage_and_fails(capsys):
     assert "vllm_unreachable" in out.split("WHAT IS WRONG")[1].split("\n")[1]
 
 
-def test_sighup_exits_cleanly(tmp_path):
+def test_sighup_with_a_broken_config_keeps_serving_and_sigterm_still_exits_cleanly(tmp_path):
+    """kubectl's and systemd's reload is SIGHUP: an edit that broke the file is named, the running configuration
+    serves on, and the usual stop still exits 0."""
     sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "sources: [vllm]\n")
-    sidecar.process.send_signal(1)
+    (tmp_path / "sidecar.yaml").write_text("sources: [vllm]\nwindow_seconds: -3\n")
+    sidecar.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "changed but is invalid" not in sidecar.log_path.read_text():
+        assert sidecar.process.poll() is None and time.monotonic() < deadline, sidecar.log_path.read_text()
+        time.sleep(0.2)
+    assert "'window_seconds'" in sidecar.log_path.read_text()
+    assert get(sidecar.url + "/metrics", timeout=10)[0] == 200
+    sidecar.process.terminate()
     assert sidecar.process.wait(timeout=60) == 0  # exit code 0 is the behaviour; the wait is for a busy machine
 
 

@@ -9,6 +9,7 @@ import contextlib
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import time
@@ -100,6 +101,34 @@ def test_sighup_reloads_the_web_config_and_the_sidecar_keeps_serving(tmp_path):
         assert fetch(url + "/metrics", ca, "prometheus", "s3cret")[0] == 401
         assert "SIGHUP: re-reading" in (tmp_path / "sidecar.log").read_text()
         assert process.poll() is None
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+def test_an_aborted_tls_handshake_gives_its_slot_back_at_once_and_probes_pass_over_the_cap(tmp_path):
+    """The review's burst: connects that send part of a ClientHello and abort (RST). Each slot must come back when its
+    connection dies, not at the 15 s handshake deadline; and with every slot held, the kubelet's TLS probe still passes."""
+    process, url, ca = start_tls_sidecar(tmp_path, TLS, "max_connections: 8\nengine_liveness_endpoint: true\n")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        for _ in range(3):
+            for _ in range(8):
+                client = socket.create_connection(("127.0.0.1", port), timeout=5)
+                client.sendall(b"\x16\x03\x01\x00\xc8\x01")  # the start of a ClientHello, never finished
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # RST
+            time.sleep(0.5)
+            assert fetch(url + "/metrics", ca)[0] == 200, (tmp_path / "sidecar.log").read_text()
+        held = []
+        for _ in range(12):  # every slot held by handshakes that never finish, and more
+            client = socket.create_connection(("127.0.0.1", port), timeout=5)
+            client.sendall(b"\x16\x03\x01\x00\xc8\x01")
+            held.append(client)
+        time.sleep(0.3)
+        assert [fetch(url + "/engine-liveness", ca)[0] for _ in range(5)] == [200] * 5
+        for client in held:
+            client.close()
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
