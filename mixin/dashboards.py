@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_triage.diagnosis.conditions import CONDITIONS, Condition, gpu, host, vllm
-from vllm_triage.exposition import exported_signal
 
-from .rules import RECORDING_RULES, RUNBOOK_URL
+from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads
 
 # Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
 CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")
@@ -522,11 +521,7 @@ def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str
     Each family is filtered by the labels it has: engine signals by model and engine, GPU signals by
     pod, process signals by pod (they carry no model or engine)."""
     shown = []
-    for signal_id in condition.reads:
-        exported = exported_signal(signal_id)
-        if exported is None:
-            continue
-        family, extra, scope_labels = exported
+    for signal_id, family, extra, scope_labels in exported_reads(condition, count):
         if "gpu" in scope_labels:
             selector, legend = GPU, f"{signal_id} {{{{gpu}}}}"
         elif scope_labels:
@@ -534,8 +529,6 @@ def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str
         else:
             selector, legend = SIDECAR, signal_id
         shown.append((family, selector + "".join(f',{k}="{v}"' for k, v in extra), legend))
-        if len(shown) == count:
-            break
     return shown
 
 

@@ -11,6 +11,8 @@ import re
 from typing import Any
 
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
+from vllm_triage.diagnosis.engine import actions_for
+from vllm_triage.exposition import exported_signal
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
@@ -35,18 +37,78 @@ def _anchor(name: str) -> str:
     return name.lower()
 
 
+def exported_reads(condition: Condition, count: int) -> list[tuple[str, str, tuple[tuple[str, str], ...], tuple[str, ...]]]:
+    """(signal, family, its extra labels, its scope labels) of the first `count` exported signals the condition reads,
+    the most telling first: what its dashboard panel plots and its alert text quotes."""
+    shown = []
+    for signal_id in condition.reads:
+        if (exported := exported_signal(signal_id)) is not None:
+            shown.append((signal_id, *exported))
+        if len(shown) == count:
+            break
+    return shown
+
+
+ALERT_VALUES = 3  # the readings an alert's text quotes
+
+
+def value_format(signal_id: str) -> str:
+    """The template function that prints a signal's value in its unit (Prometheus' humanize functions)."""
+    words = signal_id.split("_")
+    if "ratio" in words:
+        return "humanizePercentage"
+    if "seconds" in words:
+        return "humanizeDuration"
+    return "humanize"
+
+
+def _query(series: str, matchers: str = "") -> str:
+    """A template query of a sidecar series of the alert's own instance (`matchers`: more, escaped for the string)."""
+    return f'printf "{series}{{instance=\\"%s\\"{matchers}}}" $labels.instance | query'
+
+
+def _values_text(condition: Condition) -> str:
+    """' Now: a=1 b=2.' from the sidecar's own series of that instance (what its dashboard plots); nothing where absent."""
+    parts = []
+    for signal_id, family, extra, _ in exported_reads(condition, ALERT_VALUES):
+        labels = "".join(f',{k}=\\"{v}\\"' for k, v in extra)
+        parts.append(
+            f"{{{{ with {_query(family, labels)} }}}}{{{{ range . }}}} {signal_id}={{{{ .Value | {value_format(signal_id)} }}}}{{{{ end }}}}{{{{ end }}}}"
+        )
+    return " Now:" + "".join(parts) + "." if parts else ""
+
+
+def first_step(condition: Condition, cause: str | None) -> str:
+    """The first action for the observed cause (its own, else the general one), without its `cause=...:` prefix; with no
+    cause observed, the first action for every cause (or where to read it, when each action belongs to a cause)."""
+    if cause is None:
+        return next((a for a in condition.next_actions if not a.startswith("cause=")), "read its cause and evidence on /diagnosis.")
+    action = actions_for(condition.next_actions, cause)[0]
+    return action.split(": ", 1)[1] if action.startswith("cause=") else action
+
+
+def _cause_text(condition: Condition) -> str:
+    """' Cause: c. First step: <c's first action>' from vllm_triage_condition_cause of the instance; the general first
+    step where no cause series reads 1."""
+    general = f" First step: {first_step(condition, None)}"
+    if not condition.causes:
+        return general
+    branches = "".join(
+        f'{{{{ {"if" if i == 0 else "else if"} eq .Labels.cause "{cause}" }}}}{first_step(condition, cause)}' for i, cause in enumerate(condition.causes)
+    )
+    query = _query("vllm_triage_condition_cause", f',condition=\\"{condition.id}\\"').replace('}" $labels', '} == 1" $labels')
+    return (
+        f"{{{{ with {query} }}}}{{{{ range . }}}} Cause: {{{{ .Labels.cause }}}}. First step: {branches}"
+        f"{{{{ else }}}}{first_step(condition, None)}{{{{ end }}}}{{{{ end }}}}{{{{ else }}}}{general}{{{{ end }}}}"
+    )
+
+
 def condition_alerts() -> list[dict[str, Any]]:
     rules = []
     for c in CONDITIONS:
         if c.severity not in ("warning", "critical"):
             continue
         name = alert_name(c.id)
-        cause = (
-            f'{{{{ with printf "vllm_triage_condition_cause{{condition=\\"{c.id}\\",instance=\\"%s\\"}} == 1" $labels.instance | query }}}}'
-            "{{ range . }} (cause: {{ .Labels.cause }}){{ end }}{{ end }}"
-            if c.causes
-            else ""
-        )
         rules.append(
             {
                 "alert": name,
@@ -57,7 +119,7 @@ def condition_alerts() -> list[dict[str, Any]]:
                 "labels": {"severity": c.severity},
                 "annotations": {
                     "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: {c.summary}",
-                    "description": f"{c.meaning}{cause} First step: {c.next_actions[0]} See /diagnosis on {{{{ $labels.instance }}}} for the evidence.",
+                    "description": f"{c.meaning}{_values_text(c)}{_cause_text(c)} See /diagnosis on {{{{ $labels.instance }}}} for the evidence.",
                     "runbook_url": f"{RUNBOOK_URL}#{_anchor(name)}",
                 },
             }
@@ -278,6 +340,11 @@ STARTING_LABELS = 'namespace="llm",pod="vllm-2",instance="10.0.0.3:10290",job="v
 OLD_LABELS = 'namespace="llm",pod="old-0",instance="10.0.0.3:8000",job="vllm",model_name="m"'  # V0: no engine label
 
 
+# A sample value in each unit and the text Prometheus renders for it.
+_SAMPLE = {"humanizePercentage": ("0.5", "50%"), "humanizeDuration": ("3", "3s"), "humanize": ("7", "7")}
+SCOPE_VALUES = {"engine": "0", "model_name": "m", "gpu": "0"}
+
+
 def _condition_tests() -> list[dict[str, Any]]:
     tests = []
     for rule in condition_alerts():
@@ -286,11 +353,18 @@ def _condition_tests() -> list[dict[str, Any]]:
         firing = f'vllm_triage_condition_active{{{LABELS},condition="{cid}",layer="{c.layer}",severity="{c.severity}"}}'
         healthy = firing.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
         series = [{"series": firing, "values": "0 0 1x10 0x5"}, {"series": healthy, "values": "0x17"}]
-        cause_note = ""
-        if c.causes:
-            cause = c.causes[0]
+        # the readings the text quotes, each in its unit; the second cause where there are several (not the first action)
+        now = []
+        for signal_id, family, extra, scope_labels in exported_reads(c, ALERT_VALUES):
+            value, text = _SAMPLE[value_format(signal_id)]
+            labels = "".join(f',{k}="{SCOPE_VALUES[k]}"' for k in scope_labels) + "".join(f',{k}="{v}"' for k, v in extra)
+            series.append({"series": f"{family}{{{LABELS}{labels}}}", "values": f"{value}x17"})
+            now.append(f" {signal_id}={text}")
+        cause = c.causes[min(1, len(c.causes) - 1)] if c.causes else None
+        if cause is not None:
             series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": "0 0 1x10 0x5"})
-            cause_note = f" (cause: {cause})"
+        said = (" Now:" + "".join(now) + "." if now else "") + (f" Cause: {cause}." if cause else "") + f" First step: {first_step(c, cause)}"
+        description = f"{c.meaning}{said} See /diagnosis on 10.0.0.1:10290 for the evidence."
         expected_labels = {
             "severity": c.severity,
             "condition": cid,
@@ -314,7 +388,7 @@ def _condition_tests() -> list[dict[str, Any]]:
                                 "exp_labels": expected_labels,
                                 "exp_annotations": {
                                     "summary": f"llm/vllm-0: {c.summary}",
-                                    "description": f"{c.meaning}{cause_note} First step: {c.next_actions[0]} See /diagnosis on 10.0.0.1:10290 for the evidence.",
+                                    "description": description,
                                     "runbook_url": rule["annotations"]["runbook_url"],
                                 },
                             }
@@ -329,7 +403,7 @@ def _condition_tests() -> list[dict[str, Any]]:
                                 "exp_labels": dict(expected_labels),
                                 "exp_annotations": {  # as last rendered while the verdict held
                                     "summary": f"llm/vllm-0: {c.summary}",
-                                    "description": f"{c.meaning}{cause_note} First step: {c.next_actions[0]} See /diagnosis on 10.0.0.1:10290 for the evidence.",
+                                    "description": description,
                                     "runbook_url": rule["annotations"]["runbook_url"],
                                 },
                             }

@@ -67,3 +67,33 @@ def test_the_observed_causes_action_comes_first_and_the_others_are_marked():
     assert ordered[0].startswith("cause=concurrency_cap:")
     assert all(a.startswith("(other cause) cause=") for a in ordered[1:]), ordered
     assert actions_for(actions, None) == actions
+
+
+ITL = {"inter_token_latency_seconds_observations": 5000.0, "inter_token_latency_seconds_p95": 0.198}
+
+
+def test_itl_of_steps_that_carry_prefill_chunks_is_prefill_chunks_measured_on_the_h200():
+    """The compute_limit capture's saturated phase: steps of 8,200 tokens for 283 running sequences, 175 ms each, ITL
+    p50 175 ms: every decode waits for the prompts prefilled in its step, though tensor activity is at the limit too."""
+    capture = ITL | {
+        "inter_token_latency_seconds_p50": 0.175,
+        "engine_step_seconds_mean": 0.175,
+        "tokens_per_step_mean": 8200.0,
+        "requests_running_mean": 283.0,
+        "gpu_tensor_active_ratio_mean": 0.82,
+        "prefill_time_seconds_mean": 0.37,
+        "prompt_tokens_mean": 1200.0,
+    }
+    j = judged("itl_high", capture)
+    assert j.cause == "prefill_chunks"
+    assert "97% prefill" in " ".join(e.text for e in j.evidence)
+    # the same steps carrying only decodes: the GPU's compute is what sets the step
+    assert judged("itl_high", capture | {"tokens_per_step_mean": 283.0}).cause == "gpu_compute"
+
+
+def test_itl_far_above_the_engine_step_is_spent_outside_the_engine():
+    outside = ITL | {"inter_token_latency_seconds_p50": 0.12, "engine_step_seconds_mean": 0.01, "tokens_per_step_mean": 300.0, "requests_running_mean": 300.0}
+    assert judged("itl_high", outside | {"host_api_server_busiest_thread_cpu_ratio_recent": 0.99}).cause == "api_server"
+    assert judged("itl_high", outside | {"host_api_server_busiest_thread_cpu_ratio_recent": 0.3}).cause == "frontend"
+    unexplained = judged("itl_high", outside | {"engine_step_seconds_mean": 0.11})
+    assert unexplained.cause == "unknown" and "no clear bottleneck" in " ".join(e.text for e in unexplained.evidence)

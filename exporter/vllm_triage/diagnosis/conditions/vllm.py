@@ -537,6 +537,14 @@ def _queue_backlog(j: Judge) -> Term:
     return backlog
 
 
+# Where the GPU layer explains a queue or a slow step (queue_backlog's and itl_high's gpu_compute and gpu_bandwidth causes).
+GPU_LIMIT_THRESHOLDS = (
+    Threshold("gpu_tensor_min", 0.6, "cause gpu_compute when tensor-core activity is at or above this", 0.0, 1.0),
+    Threshold("gpu_sm_min", 0.8, "... or SM activity at or above this with DRAM bandwidth below gpu_dram_min", 0.0, 1.0),
+    Threshold("gpu_dram_min", 0.7, "cause gpu_bandwidth when DRAM bandwidth is at or above this (tensor cores below half gpu_tensor_min)", 0.0, 1.0),
+)
+
+
 def _gpu_limit(j: Judge, kind: str) -> str | None:
     """Where the GPU layer explains a queue: its compute at the limit (tensor cores, or SMs busy with DRAM to spare) or
     its memory bandwidth at the limit with idle tensor cores; the words that say so, else None."""
@@ -612,12 +620,12 @@ QUEUE_BACKLOG = Condition(
     predicate=_queue_backlog,
     reads=(
         "requests_waiting_nonempty_ratio",
+        "requests_waiting_mean",
+        "requests_running_mean",
         "requests_waiting_min",
         "preemptions_per_second",
         "requests_waiting_deferred_mean",
-        "requests_waiting_mean",
         "requests_waiting_capacity_mean",
-        "requests_running_mean",
         "kv_cache_usage_ratio_mean",
         "kv_cache_usage_ratio_max",
         "kv_cache_one_block_below_full_ratio",
@@ -644,9 +652,7 @@ QUEUE_BACKLOG = Condition(
         Threshold(
             "scheduler_thread_min", 0.85, "else the engine core's busiest thread (share of a core) at or above which the cause is scheduler_bound", 0.0, 1.0
         ),
-        Threshold("gpu_tensor_min", 0.6, "cause gpu_compute (before concurrency_cap) when tensor-core activity is at or above this", 0.0, 1.0),
-        Threshold("gpu_sm_min", 0.8, "... or SM activity at or above this with DRAM bandwidth below gpu_dram_min", 0.0, 1.0),
-        Threshold("gpu_dram_min", 0.7, "cause gpu_bandwidth (after token_budget) when DRAM bandwidth is at or above this", 0.0, 1.0),
+        *GPU_LIMIT_THRESHOLDS,
         Threshold("budget_ratio_for_cause", 0.85, "cause token_budget when mean tokens per step / --max-num-batched-tokens is at or above this", 0.0, 1.0),
         Threshold(
             "kernel_resident_max",
@@ -854,8 +860,43 @@ def _itl_high(j: Judge) -> Term:
         return Term(seen, 0.0)
     high = j.compare("inter_token_latency_seconds_p95", ">", "itl_p95_max_seconds", "inter-token latency p95", " s")
     if high.holds:
-        _advise_batched_tokens(j)
+        _itl_cause(j)
     return high
+
+
+def _itl_cause(j: Judge) -> None:
+    """ITL against the engine's own step: a token streams once per step, so an ITL well above the step time is spent
+    outside the engine; inside, a step is long because prefill chunks ride in it or because the GPU is at its limit."""
+    s, t = j.signals, j.thresholds
+    itl, step = s.get("inter_token_latency_seconds_p50"), s.get("engine_step_seconds_mean")
+    per_step, running = s.get("tokens_per_step_mean"), s.get("requests_running_mean")
+    if itl is not None and step and itl >= t["outside_engine_factor"] * step:
+        api = s.get("host_api_server_busiest_thread_cpu_ratio_recent")
+        j.cause = "api_server" if api is not None and api >= t["api_server_thread_min"] else "frontend"
+        j.note(
+            f"cause {j.cause}: ITL p50 {itl * 1000:.0f} ms against {step * 1000:.0f} ms per engine step: tokens wait outside the engine"
+            + (f"; the API server's busiest thread uses {api:.2f} of a core" if api is not None else ""),
+            "engine_step_seconds_mean",
+            step,
+        )
+        return
+    prefill_share = (per_step - running) / per_step if per_step and running is not None and per_step > running else 0.0
+    if step and prefill_share >= t["prefill_share_of_step_min"]:
+        j.cause = "prefill_chunks"
+        j.note(
+            f"cause prefill_chunks: steps carry {per_step:.0f} tokens for {running:.0f} running sequences ({prefill_share:.0%} prefill) "
+            f"and take {step * 1000:.0f} ms each: every decode waits for the prompts prefilled beside it",
+            "tokens_per_step_mean",
+            per_step,
+        )
+        _advise_batched_tokens(j)
+    elif (gpu := next(((kind, limit) for kind in ("gpu_compute", "gpu_bandwidth") if (limit := _gpu_limit(j, kind)) is not None), None)) is not None:
+        j.cause = gpu[0]
+        j.note(f"cause {gpu[0]}: {gpu[1]}: each decode step of {running or 0.0:.0f} sequences is as fast as the GPU allows")
+    else:
+        j.cause = "unknown"
+        checked = f"engine step {step * 1000:.0f} ms" if step else "no engine step rate"
+        j.note(f"no clear bottleneck: {checked}, {prefill_share:.0%} of a step is prefill, the GPU is not at a compute or bandwidth limit")
 
 
 # vLLM schedules prefill in chunks of at most --max-num-batched-tokens per step, beside the decodes.
@@ -888,19 +929,39 @@ ITL_HIGH = Condition(
     summary="Inter-token latency p95 is above the SLO",
     meaning="Tokens stream slowly once generation started.",
     next_actions=(
-        "Batch too large for the GPU, memory-bound decode, preemptions, or a starved GPU: read the other conditions.",
-        "Lower --max-num-seqs to trade throughput for latency.",
+        "cause=prefill_chunks: prompts are prefilled in the same steps as decodes: lower --max-num-batched-tokens (the advice "
+        "computes it) or split prefill and decode (disaggregated serving); TTFT rises as ITL falls.",
+        "cause=gpu_compute: each step is as fast as the GPU computes: lower --max-num-seqs to trade throughput for latency, or add replicas.",
+        "cause=gpu_bandwidth: decode is memory-bound: fp8 weights or KV cache, speculative decoding, a smaller batch.",
+        "cause=api_server: tokens wait in a saturated API server: raise --api-server-count; fewer streamed chunks or logprobs.",
+        "cause=frontend: tokens wait outside the engine while the API server's thread is not saturated: the proxy, the "
+        "client's reading, the event loop; py-spy the API server.",
+        "cause=unknown: read gpu_starved and preemption_storm; take a torch profiler trace (`vllm-triage trace`).",
     ),
     predicate=_itl_high,
     reads=(
         "inter_token_latency_seconds_p95",
-        "inter_token_latency_seconds_observations",
         "inter_token_latency_seconds_p50",
+        "engine_step_seconds_mean",
+        "inter_token_latency_seconds_observations",
+        "tokens_per_step_mean",
+        "requests_running_mean",
+        "host_api_server_busiest_thread_cpu_ratio_recent",
+        "gpu_tensor_active_ratio_mean",
+        "gpu_sm_active_ratio_mean",
+        "gpu_dram_bandwidth_utilization_ratio_mean",
         "prefill_time_seconds_mean",
         "prompt_tokens_mean",
     ),
     dont=("Worker CPU near 100 % is not a CPU bottleneck: workers spin while they wait on the GPU.",),
-    thresholds=(Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),),
+    thresholds=(
+        Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),
+        Threshold("outside_engine_factor", 1.5, "cause api_server or frontend when ITL p50 is at least this many engine steps"),
+        Threshold("prefill_share_of_step_min", 0.5, "cause prefill_chunks when prefill tokens are at least this share of a step's tokens", 0.0, 1.0),
+        Threshold("api_server_thread_min", 0.85, "cause api_server (not frontend) when the API server's busiest thread is at least this", 0.0, 1.0),
+        *GPU_LIMIT_THRESHOLDS,
+    ),
+    causes=("prefill_chunks", "gpu_compute", "gpu_bandwidth", "api_server", "frontend", "unknown"),
 )
 
 
