@@ -139,7 +139,12 @@ def values_schema() -> str:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            key: {"type": "number", "minimum": 0, "maximum": 1, "description": f"{t['alert']}: {t['what']} (default {t['default']:g})"}
+            key: {
+                "type": "number",
+                "minimum": 0,
+                "maximum": t.get("maximum", 1),
+                "description": f"{', '.join(sorted({r.split(':')[1] if ':' in r else r for r in t['rules']}))}: {t['what']} (default {t['default']:g})",
+            }
             for key, t in mixin.VLLM_THRESHOLDS.items()
         },
         "description": "thresholds of the rules on vLLM's own metrics",
@@ -149,6 +154,18 @@ def values_schema() -> str:
         "properties": {alert: duration for alert in alerts},
         "additionalProperties": False,
         "description": "alert name -> for duration",
+    }
+    tune["keepFiringFor"] = {
+        "type": "object",
+        "properties": {alert: duration for alert in alerts},
+        "additionalProperties": False,
+        "description": "alert name -> keep_firing_for duration (Prometheus 2.42+)",
+    }
+    tune["severity"] = {
+        "type": "object",
+        "properties": {alert: {"type": "string", "enum": ["critical", "warning", "info"]} for alert in alerts},
+        "additionalProperties": False,
+        "description": "alert name -> severity (critical pages, warning opens a ticket, info goes nowhere: alerts/alertmanager.example.yml)",
     }
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 

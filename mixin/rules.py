@@ -27,6 +27,9 @@ def _kv_over_time(function: str, window: str) -> str:
 
 
 KEEP_FIRING_FOR = "5m"
+# Capacity is a warning with a longer `for` (llm-d's tiers): an autoscaler or a ticket handles it; pages are for users' harm.
+CAPACITY = ("kv_cache_saturated", "queue_backlog", "preemption_storm")
+CAPACITY_FOR = "10m"
 
 
 def alert_name(condition_id: str) -> str:
@@ -115,6 +118,7 @@ def condition_alerts() -> list[dict[str, Any]]:
                 # The sidecar already debounced the verdict with the table's for/clear_for; keep_firing_for rides
                 # through a sidecar restart or missed scrapes, so that one incident is one notification.
                 "expr": f'vllm_triage_condition_active{{condition="{c.id}"}} == 1',
+                **({"for": CAPACITY_FOR} if c.id in CAPACITY else {}),
                 "keep_firing_for": KEEP_FIRING_FOR,
                 "labels": {"severity": c.severity},
                 "annotations": {
@@ -130,14 +134,132 @@ def condition_alerts() -> list[dict[str, Any]]:
 # VllmKvCacheFull judges what kv_cache_saturated judges, with the table's own defaults.
 _KV_SATURATED = {t.name: t.default for t in CONDITIONS_BY_ID["kv_cache_saturated"].thresholds}
 
-# The numbers of vLLM-side rules an install tunes (the chart's monitoring.prometheusRule.vllmThresholds): each is
-# written once in its alert's expression as `text`, which the chart's template replaces with the value given.
-VLLM_THRESHOLDS: dict[str, dict[str, Any]] = {
-    "kvCacheUsageMean": {"alert": "VllmKvCacheFull", "default": _KV_SATURATED["usage_min"], "what": "5-minute mean of KV usage, at or above"},
-    "kvCacheUsagePeak": {"alert": "VllmKvCacheFull", "default": _KV_SATURATED["usage_peak_min"], "what": "... and its 5-minute peak, at or above"},
+# Service-level objectives on vLLM's own histograms and counters: (what, histogram or None for errors, its target in
+# seconds, the objective). A latency target is one of vLLM's bucket bounds (TTFT: ... 1, 2.5, 5 ...; ITL: ... 0.075, 0.1,
+# 0.15 ...): the share of requests under it is read from that bucket.
+SLOS: dict[str, tuple[str, str | None, float, float]] = {
+    "ttft": ("time to first token", "vllm:time_to_first_token_seconds", 2.5, 0.99),
+    "itl": ("inter-token latency", "vllm:inter_token_latency_seconds", 0.1, 0.99),
+    "errors": ("requests finished with an error", None, 0.0, 0.999),
 }
+_OLD_NAMES = {"vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds"}  # vLLM before ~0.11
+# (short window, long window, burn rate, for, severity): the SRE workbook's multiwindow, multi-burn-rate alerts. A burn
+# of 14.4 spends 2 % of a 30-day budget in an hour, 6 spends 5 % in 6 hours (pages); 3 and 1 spend 10 % in 1 and 3 days.
+BURN_WINDOWS = (
+    ("5m", "1h", 14.4, "2m", "critical"),
+    ("30m", "6h", 6.0, "15m", "critical"),
+    ("2h", "1d", 3.0, "1h", "warning"),
+    ("6h", "3d", 1.0, "3h", "warning"),
+)
+SLO_RATE_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+
+
+def slo_record(slo: str, window: str) -> str:
+    return f"model_name:vllm_{slo}_slo_errors:ratio_rate{window}"
+
+
+def _le(target: float) -> str:
+    # vLLM writes bucket bounds as Python floats ("1.0", "2.5"); Prometheus 3 normalises them ("1")
+    return f'le=~"{target:g}([.]0)?"'
+
+
+def _slo_ratio(slo: str, window: str) -> str:
+    _, histogram, target, _ = SLOS[slo]
+    by = "sum by (namespace, model_name)"
+    if histogram is None:
+        return f'{by} (rate(vllm:request_success_total{{finished_reason="error"}}[{window}])) / {by} (rate(vllm:request_success_total[{window}]))'
+    names = [histogram] + ([_OLD_NAMES[histogram]] if histogram in _OLD_NAMES else [])
+    good = " or ".join(f"rate({name}_bucket{{{_le(target)}}}[{window}])" for name in names)
+    total = " or ".join(f"rate({name}_count[{window}])" for name in names)
+    return f"1 - {by} ({good}) / {by} ({total})"
+
+
+def slo_recording_rules() -> list[dict[str, str]]:
+    return [{"record": slo_record(slo, window), "expr": _slo_ratio(slo, window)} for slo in SLOS for window in SLO_RATE_WINDOWS]
+
+
+def _budget(objective: float) -> str:
+    return f"(1 - {objective:g})"
+
+
+def slo_alert_name(slo: str, severity: str) -> str:
+    return f"Vllm{slo.capitalize()}SloBurn{'Fast' if severity == 'critical' else 'Slow'}"
+
+
+def slo_alerts() -> list[dict[str, Any]]:
+    rules = []
+    for slo, (what, histogram, target, objective) in SLOS.items():
+        for severity in ("critical", "warning"):
+            windows = [w for w in BURN_WINDOWS if w[4] == severity]
+            expr = " or ".join(
+                f"({slo_record(slo, long)} > ({burn:g} * {_budget(objective)}) and {slo_record(slo, short)} > ({burn:g} * {_budget(objective)}))"
+                for short, long, burn, _, _ in windows
+            )
+            missed = f"took longer than the {target:g} s target for their {what}" if histogram else "finished with an error"
+            pace = (
+                "fast: at this rate the 30-day error budget is gone in days"
+                if severity == "critical"
+                else "steadily: the 30-day budget will not last the month"
+            )
+            name = slo_alert_name(slo, severity)
+            rules.append(
+                {
+                    "alert": name,
+                    "expr": expr,
+                    "for": windows[0][3],
+                    "labels": {"severity": severity, "slo": slo},
+                    "annotations": {
+                        "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.model_name }}}}: the {what} SLO burns its error budget {'fast' if severity == 'critical' else 'steadily'}",
+                        "description": f"{{{{ $value | humanizePercentage }}}} of the requests over the last {windows[0][1]} or more {missed}; "
+                        f"the objective allows {1 - objective:.1%}. The budget burns {pace}. Users are affected across the model's replicas.",
+                        "runbook_url": f"{RUNBOOK_URL}#{name.lower()}",
+                    },
+                }
+            )
+    return rules
+
+
+# The numbers of vLLM-side rules an install tunes (the chart's monitoring.prometheusRule.vllmThresholds): each is
+# written as `text` in the rules named (and nowhere else), which the chart's template replaces with `format` % value.
+VLLM_THRESHOLDS: dict[str, dict[str, Any]] = {
+    "kvCacheUsageMean": {
+        "rules": ["VllmKvCacheFull"],
+        "default": _KV_SATURATED["usage_min"],
+        "what": "5-minute mean of KV usage, at or above",
+        "format": ">= %v and",
+    },
+    "kvCacheUsagePeak": {
+        "rules": ["VllmKvCacheFull"],
+        "default": _KV_SATURATED["usage_peak_min"],
+        "what": "... and its 5-minute peak, at or above",
+        "format": ">= %v and",
+    },
+    "requestsWaitingMin": {
+        "rules": ["VllmRequestsWaiting", "VllmRequestsWaitingPersistent"],
+        "default": 0.0,
+        "maximum": 1e6,
+        "what": "requests waiting throughout 2 minutes, above",
+        "format": "[2m]) > %v",
+    },
+}
+for _slo, (_what, _histogram, _target, _objective) in SLOS.items():
+    _alerts = [slo_alert_name(_slo, severity) for severity in ("critical", "warning")]
+    VLLM_THRESHOLDS[f"{_slo}Objective"] = {
+        "rules": _alerts,
+        "default": _objective,
+        "what": f"{_what} SLO: the share of requests that must meet it",
+        "format": "(1 - %v)",
+    }
+    if _histogram is not None:
+        VLLM_THRESHOLDS[f"{_slo}TargetSeconds"] = {
+            "rules": [slo_record(_slo, w) for w in SLO_RATE_WINDOWS],
+            "default": _target,
+            "maximum": 3600.0,
+            "what": f"{_what} SLO target in seconds: one of vLLM's bucket bounds",
+            "format": 'le=~"%v([.]0)?"',
+        }
 for _tunable in VLLM_THRESHOLDS.values():
-    _tunable["text"] = f">= {_tunable['default']:g} and"
+    _tunable["text"] = _tunable["format"].replace("%v", f"{_tunable['default']:g}")
 
 
 # The sidecar's word that vLLM has not answered yet within its startup grace (after the grace, VllmTriageVllmUnreachable).
@@ -154,17 +276,17 @@ VLLM_ALERTS: list[dict[str, Any]] = [
             f" and {_kv_over_time('max_over_time', '5m')} >= {_KV_SATURATED['usage_peak_min']:g}"
             " and avg_over_time(vllm:num_requests_waiting[5m]) > 0"
         ),
-        "for": "5m",
-        "labels": {"severity": "critical"},
+        "for": CAPACITY_FOR,
+        "labels": {"severity": "warning"},
         "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 5 minutes ({{ $labels.model_name }})",
+            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 10 minutes ({{ $labels.model_name }})",
             "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes, reached 100 %, and requests queued: new requests wait, running ones are preempted.",
             "runbook_url": f"{RUNBOOK_URL}#vllmkvcachefull",
         },
     },
     {
         "alert": "VllmRequestsWaiting",
-        "expr": "min_over_time(vllm:num_requests_waiting[2m]) > 0",
+        "expr": f"min_over_time(vllm:num_requests_waiting{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
         "for": "5m",
         "labels": {"severity": "warning"},
         "annotations": {
@@ -175,9 +297,10 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmRequestsWaitingPersistent",
-        "expr": "min_over_time(vllm:num_requests_waiting[2m]) > 0",
+        "expr": f"min_over_time(vllm:num_requests_waiting{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
         "for": "20m",
-        "labels": {"severity": "critical"},
+        # a queue held for 20 minutes is normal for batch serving: users' harm pages through the SLO burn alerts
+        "labels": {"severity": "warning"},
         "annotations": {
             "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 20 minutes ({{ $labels.model_name }})",
             "description": "The queue has not emptied for 20 minutes ({{ $value }} waiting at least): users see long time-to-first-token.",
@@ -260,6 +383,7 @@ def rule_groups() -> list[dict[str, Any]]:
         {"name": "vllm-triage.conditions", "rules": condition_alerts()},
         {"name": "vllm-triage.vllm", "rules": VLLM_ALERTS},
         {"name": "vllm-triage.recording", "rules": RECORDING_RULES},
+        {"name": "vllm-triage.slo", "rules": slo_recording_rules() + slo_alerts()},
     ]
 
 
@@ -352,17 +476,20 @@ def _condition_tests() -> list[dict[str, Any]]:
         c = next(c for c in CONDITIONS if c.id == cid)
         firing = f'vllm_triage_condition_active{{{LABELS},condition="{cid}",layer="{c.layer}",severity="{c.severity}"}}'
         healthy = firing.replace('pod="vllm-0"', 'pod="vllm-1"').replace("10.0.0.1", "10.0.0.2")
-        series = [{"series": firing, "values": "0 0 1x10 0x5"}, {"series": healthy, "values": "0x17"}]
+        # a capacity alert's own `for` delays each step by as much
+        late = int(rule.get("for", "0m").removesuffix("m"))
+        held = f"0 0 1x{10 + late} 0x5"
+        series = [{"series": firing, "values": held}, {"series": healthy, "values": f"0x{17 + late}"}]
         # the readings the text quotes, each in its unit; the second cause where there are several (not the first action)
         now = []
         for signal_id, family, extra, scope_labels in exported_reads(c, ALERT_VALUES):
             value, text = _SAMPLE[value_format(signal_id)]
             labels = "".join(f',{k}="{SCOPE_VALUES[k]}"' for k in scope_labels) + "".join(f',{k}="{v}"' for k, v in extra)
-            series.append({"series": f"{family}{{{LABELS}{labels}}}", "values": f"{value}x17"})
+            series.append({"series": f"{family}{{{LABELS}{labels}}}", "values": f"{value}x{17 + late}"})
             now.append(f" {signal_id}={text}")
         cause = c.causes[min(1, len(c.causes) - 1)] if c.causes else None
         if cause is not None:
-            series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": "0 0 1x10 0x5"})
+            series.append({"series": f'vllm_triage_condition_cause{{{LABELS},condition="{cid}",cause="{cause}"}}', "values": held})
         said = (" Now:" + "".join(now) + "." if now else "") + (f" Cause: {cause}." if cause else "") + f" First step: {first_step(c, cause)}"
         description = f"{c.meaning}{said} See /diagnosis on 10.0.0.1:10290 for the evidence."
         expected_labels = {
@@ -381,7 +508,7 @@ def _condition_tests() -> list[dict[str, Any]]:
                 "alert_rule_test": [
                     {"eval_time": "1m", "alertname": rule["alert"], "exp_alerts": []},  # healthy: silent
                     {
-                        "eval_time": "5m",
+                        "eval_time": f"{5 + late}m",
                         "alertname": rule["alert"],
                         "exp_alerts": [
                             {
@@ -396,7 +523,7 @@ def _condition_tests() -> list[dict[str, Any]]:
                     },
                     # the verdict went away at 13m (a sidecar restart, missed scrapes): still firing 2 min later ...
                     {
-                        "eval_time": "15m",
+                        "eval_time": f"{15 + late}m",
                         "alertname": rule["alert"],
                         "exp_alerts": [
                             {
@@ -410,7 +537,7 @@ def _condition_tests() -> list[dict[str, Any]]:
                         ],
                     },
                     # ... resolved once it stayed away for keep_firing_for
-                    {"eval_time": "19m", "alertname": rule["alert"], "exp_alerts": []},
+                    {"eval_time": f"{19 + late}m", "alertname": rule["alert"], "exp_alerts": []},
                 ],
             }
         )
@@ -452,7 +579,7 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 {"series": f"vllm:kv_cache_usage_perc{{{full_idle}}}", "values": "1x15"},
                 {"series": f"vllm:num_requests_waiting{{{full_idle}}}", "values": "0x15"},
             ],
-            "alert_rule_test": [silent("VllmKvCacheFull", "4m"), fires("VllmKvCacheFull", "14m", {**base, "severity": "critical"}, "92.5%")],
+            "alert_rule_test": [silent("VllmKvCacheFull", "4m"), fires("VllmKvCacheFull", "14m", {**base, "severity": "warning"}, "92.5%")],
         },
         {  # vLLM before 0.10 exports the old name
             "interval": "1m",
@@ -464,7 +591,7 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 fires(
                     "VllmKvCacheFull",
                     "12m",
-                    {"namespace": "llm", "pod": "old-0", "instance": "10.0.0.3:8000", "job": "vllm", "model_name": "m", "severity": "critical"},
+                    {"namespace": "llm", "pod": "old-0", "instance": "10.0.0.3:8000", "job": "vllm", "model_name": "m", "severity": "warning"},
                     "100%",
                 )
             ],
@@ -479,7 +606,7 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 silent("VllmRequestsWaiting", "3m"),
                 fires("VllmRequestsWaiting", "10m", {**base, "severity": "warning"}, "3"),
                 silent("VllmRequestsWaitingPersistent", "10m"),
-                fires("VllmRequestsWaitingPersistent", "25m", {**base, "severity": "critical"}, "3"),
+                fires("VllmRequestsWaitingPersistent", "25m", {**base, "severity": "warning"}, "3"),
             ],
         },
         {  # one replica queues while its sibling idles: imbalance; two that both queue: capacity, not imbalance
@@ -551,8 +678,56 @@ def _parse(labels: str) -> dict[str, str]:
     return {k: v.strip('"') for k, v in (pair.split("=", 1) for pair in labels.split(","))}
 
 
+def _slo_tests() -> list[dict[str, Any]]:
+    """For each SLO: half the requests miss it: the fast burn pages within minutes. Twice the budget misses it (a burn of 2):
+    no page, the slow burn opens a ticket once its 6-hour and 3-day windows agree for an hour. A model within its SLO, and
+    one that serves nothing: silent."""
+    rules = {rule["alert"]: rule for rule in slo_alerts()}
+    labels = 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000",job="vllm",model_name="{model}",engine="0"'
+    tests = []
+    for slo, (_, histogram, target, objective) in SLOS.items():
+
+        def series(model: str, bad: int, steps: int, histogram: str | None = histogram, target: float = target) -> list[dict[str, str]]:
+            """1000 requests a step, `bad` of them missing the SLO."""
+            where = labels.format(model=model)
+            if histogram is None:
+                return [
+                    {"series": f'vllm:request_success_total{{{where},finished_reason="error"}}', "values": f"0+{bad}x{steps}"},
+                    {"series": f'vllm:request_success_total{{{where},finished_reason="stop"}}', "values": f"0+{1000 - bad}x{steps}"},
+                ]
+            return [
+                {"series": f'{histogram}_bucket{{{where},le="{target:g}"}}', "values": f"0+{1000 - bad}x{steps}"},
+                {"series": f"{histogram}_count{{{where}}}", "values": f"0+1000x{steps}"},
+            ]
+
+        def fires(alert: str, eval_time: str, model: str, value: str, slo: str = slo) -> dict[str, Any]:
+            exp = {"namespace": "llm", "model_name": model, "severity": rules[alert]["labels"]["severity"], "slo": slo}
+            annotations = {k: _render(v, exp, value) for k, v in rules[alert]["annotations"].items()}
+            return {"eval_time": eval_time, "alertname": alert, "exp_alerts": [{"exp_labels": exp, "exp_annotations": annotations}]}
+
+        fast, slow = slo_alert_name(slo, "critical"), slo_alert_name(slo, "warning")
+        twice = round(2000 * (1 - objective))
+        tests += [
+            {
+                "interval": "1m",
+                "input_series": series("burning", 500, 30) + series("fine", 0, 30) + [{**s, "values": "0x30"} for s in series("idle", 0, 30)],
+                "alert_rule_test": [{"eval_time": "2m", "alertname": fast, "exp_alerts": []}, fires(fast, "10m", "burning", "50%")],
+            },
+            {
+                "interval": "10m",
+                "input_series": series("steady", twice, 40),
+                "alert_rule_test": [
+                    {"eval_time": "6h", "alertname": fast, "exp_alerts": []},
+                    {"eval_time": "30m", "alertname": slow, "exp_alerts": []},
+                    fires(slow, "6h", "steady", f"{twice / 10:g}%"),
+                ],
+            },
+        ]
+    return tests
+
+
 def rule_tests(rules_file_name: str) -> dict[str, Any]:
-    return {"rule_files": [rules_file_name], "evaluation_interval": "1m", "tests": _condition_tests() + _vllm_alert_tests()}
+    return {"rule_files": [rules_file_name], "evaluation_interval": "1m", "tests": _condition_tests() + _vllm_alert_tests() + _slo_tests()}
 
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -635,7 +810,33 @@ def runbooks_markdown(header: str) -> str:
         )
         lines.append("")
         lines.append(_VLLM_ALERT_STEPS[rule["alert"]])
+    for rule in slo_alerts():
+        slo = rule["labels"]["slo"]
+        what, histogram, target, objective = SLOS[slo]
+        judged = f"the share of requests over {target:g} s (`{histogram}`'s `le` bucket)" if histogram else "the share of requests finished with an error"
+        lines += [
+            "",
+            f"## {rule['alert']}",
+            "",
+            f"Severity: {rule['labels']['severity']}, per model across its replicas. Expression: `{rule['expr']}` for {rule['for']}.",
+            "",
+        ]
+        lines.append(
+            f"The {what} SLO ({objective:.1%} of requests, `vllmThresholds.{slo}Objective`"
+            + (f", target `vllmThresholds.{slo}TargetSeconds`" if histogram else "")
+            + f") judged on {judged}, recorded as `{slo_record(slo, '<window>')}`."
+        )
+        lines.append("")
+        lines.append(_SLO_STEPS[slo])
     return "\n".join(lines) + "\n"
+
+
+_SLO_STEPS = {
+    "ttft": "Open the pods' sidecars: `ttft_high`'s cause splits the time into queueing, prefill and the API server; `queue_backlog`'s "
+    "cause says what requests wait for. Scale out when every replica queues (the fleet dashboard).",
+    "itl": "Open the pods' sidecars: `itl_high`'s cause says whether prefill chunks, the GPU or the API server sets the pace.",
+    "errors": "Read vLLM's logs for the failing requests; the sidecars' `request_errors`, `kv_cache_saturated` and `engine_wedged` say what else holds.",
+}
 
 
 _VLLM_ALERT_STEPS = {

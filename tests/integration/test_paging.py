@@ -258,7 +258,7 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         )
         try:
             time.sleep(max(0.0, first_started + length / REPLAY_SPEED - 10 - time.monotonic()))  # before the first capture loops
-            fired = {(s["metric"]["pod"], s["metric"]["alertname"]) for s in prometheus.query('max_over_time(ALERTS{alertstate="firing"}[1h])')}
+            fired = {(s["metric"].get("pod", ""), s["metric"]["alertname"]) for s in prometheus.query('max_over_time(ALERTS{alertstate="firing"}[1h])')}
         finally:
             prometheus.stop()
         posts = "\n".join(map(str, webhook.posts))
@@ -266,7 +266,9 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
             print(pod, "fired in Prometheus:", sorted(a for p, a in fired if p == pod), "paged:", webhook.pages(pod=pod), "tickets:", webhook.tickets(pod=pod))
         assert webhook.pages(pod="rollout-0") == [], posts
         assert not {"VllmTargetDown", "VllmTriageSourceDown", "VllmTriageVllmUnreachable"} & {a for p, a in fired if p == "rollout-0"}, fired
-        assert webhook.pages(pod="kv-0") == [("VllmTriageKvCacheSaturated",)], posts
+        # a full KV cache is capacity: a ticket, not a page (users' harm pages through the SLO burn, per model)
+        assert webhook.pages(pod="kv-0") == [], posts
+        assert any("VllmTriageKvCacheSaturated" in names for names in webhook.tickets(pod="kv-0")), posts
         assert webhook.pages(pod="hung-0") == [("VllmTriageEngineWedged",)], posts
         assert webhook.pages(pod="down-0") == [("VllmTriageVllmUnreachable",)], posts
         # What made them one page: the other alerts about the same incident fired and were inhibited.

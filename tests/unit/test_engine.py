@@ -534,8 +534,9 @@ def test_each_condition_has_its_own_precedence_and_is_suppressed_only_by_conditi
     from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE
 
     assert len({c.id for c in CONDITIONS}) == len(CONDITIONS), "two conditions share an id"
-    ranks = [c.precedence for c in CONDITIONS]
+    ranks = [c.precedence for c in CONDITIONS] + [rank for c in CONDITIONS for _, rank in c.precedence_by_cause]
     assert len(set(ranks)) == len(ranks), sorted((c.precedence, c.id) for c in CONDITIONS)
+    assert all(cause in c.causes for c in CONDITIONS for cause, _ in c.precedence_by_cause)
     assert sorted(PRECEDENCE) == sorted(CONDITIONS_BY_ID)
     for c in CONDITIONS:
         for other, why in c.suppressed_by:

@@ -262,7 +262,9 @@ TUNED = {
             "grafanaUrl": "https://grafana.example.com/",
             "disabledAlerts": ["VllmTriageGpuThrottled"],
             "for": {"VllmTriageTtftHigh": "10m"},
-            "vllmThresholds": {"kvCacheUsageMean": 0.9},
+            "keepFiringFor": {"VllmTriageEngineWedged": "15m"},
+            "severity": {"VllmTriageKvCacheSaturated": "critical"},
+            "vllmThresholds": {"kvCacheUsageMean": 0.9, "ttftTargetSeconds": 1, "ttftObjective": 0.995},
         },
     }
 }
@@ -273,7 +275,7 @@ def tuned_rule_tests(tests: dict, jobs: dict[str, str], tune: dict, release: str
     runbook and dashboard URLs; the disabled alert's and the re-timed alert's cases left out. Every input series is
     this release's, and once more another release's (its pods named other-*): the alerts are this release's
     only, once each."""
-    left_out = {*tune["disabledAlerts"], *tune["for"]}
+    left_out = {*tune["disabledAlerts"], *tune["for"], *tune["keepFiringFor"], *tune["severity"], "VllmTtftSloBurnFast", "VllmTtftSloBurnSlow"}
     groups = []
     for group in tests["tests"]:
         series = [
@@ -321,6 +323,13 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert alerts["VllmTriageTtftHigh"]["for"] == "10m"
     kv = alerts["VllmKvCacheFull"]["expr"]
     assert ">= 0.9 and" in kv and ">= 0.8 and" not in kv and ">= 0.99 and" in kv  # the mean tuned, the peak as generated
+    assert alerts["VllmTriageEngineWedged"]["keep_firing_for"] == "15m" and alerts["VllmTriageKvCacheSaturated"]["labels"]["severity"] == "critical"
+    # the TTFT SLO tuned: its target bucket in every recorded window, its objective in both burn alerts; ITL's untouched
+    records = {r["record"]: r["expr"] for g in spec["groups"] for r in g["rules"] if "record" in r}
+    ttft = [expr for name, expr in records.items() if "_ttft_slo_" in name]
+    assert len(ttft) == 7 and all('le=~"1([.]0)?"' in expr and "2.5" not in expr for expr in ttft)
+    assert all("(1 - 0.995)" in alerts[a]["expr"] and "(1 - 0.99)" not in alerts[a]["expr"] for a in ("VllmTtftSloBurnFast", "VllmTtftSloBurnSlow"))
+    assert "(1 - 0.99)" in alerts["VllmItlSloBurnFast"]["expr"]
     assert all(a["labels"]["team"] == "inference" for a in alerts.values())
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
     mine = 'vllm_triage_release="inference/llm"'

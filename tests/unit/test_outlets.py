@@ -86,7 +86,7 @@ def test_metrics_carry_verdicts_signals_and_health():
     active = {s.labels["condition"]: s for s in got["vllm_triage_condition_active"].samples}
     assert set(active) == {c.id for c in CONDITIONS}  # every condition, ids exactly as the table
     assert active["kv_cache_saturated"].value == 1.0
-    assert active["kv_cache_saturated"].labels == {"condition": "kv_cache_saturated", "layer": "1", "severity": "critical"}
+    assert active["kv_cache_saturated"].labels == {"condition": "kv_cache_saturated", "layer": "1", "severity": "warning"}
     assert active["request_errors"].value == 0.0
     causes = {(s.labels["condition"], s.labels["cause"]): s.value for s in got["vllm_triage_condition_cause"].samples}
     assert causes[("queue_backlog", "kv_capacity")] == 1.0 and causes[("queue_backlog", "unknown")] == 0.0

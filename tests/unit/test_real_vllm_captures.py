@@ -18,6 +18,8 @@
 - killed: the 1B model, 16 clients, then every vLLM process SIGKILLed; nothing answers for 3 minutes.
 - foreign: the wide model, 128 clients; another program runs bf16 matmuls on the same GPU for 90 s.
 - compute_limit: the wide model at 12, 128, then 384 streamed clients of 900-word prompts: the GPU at its compute limit.
+- api_server_bound: a tiny model, 384 streamed clients asking for logprobs: the API server saturated.
+- seqs_cap: the wide model with --max-num-seqs 8 and 48 clients.
 """
 
 from __future__ import annotations
@@ -424,3 +426,39 @@ def test_a_gpu_at_its_compute_limit_queues_with_cause_gpu_compute_and_a_well_siz
     assert any("replicas of this size serve the observed demand" in a for a in verdict(held[-1], "queue_backlog").advice)
     assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"queueing"}
     assert {verdict(s, "itl_high").cause for s in held if verdict(s, "itl_high").active} == {"prefill_chunks"}
+
+
+def test_streaming_clients_that_saturate_the_api_server_are_gpu_starved_by_the_api_server_with_its_count():
+    """Default settings. A tiny model, 384 streamed clients asking for 5 logprobs a token: the API server's main thread at
+    0.99 of a core, the engine core's at 0.1-0.85, SM activity 0.003, client TTFT p50 10 s / p95 22 s. Written before the
+    run and measured so: gpu_starved with cause api_server and --api-server-count advice; ttft_high with cause api_server
+    (vLLM's queue and prefill ~0.02 s of a TTFT spent >99 % outside the engine); no compute_bound."""
+    _, phases = capture("api_server_bound")
+    start, end = next((s, e) for n, s, e in phases if n == "streaming")
+    snapshots = [s for s in replayed("api_server_bound", load(env={})) if start <= s.timestamp <= end]
+    first = first_active(snapshots, "gpu_starved", start, end)
+    assert first is not None and first.timestamp - start <= 90, first and first.timestamp - start
+    held = [s for s in snapshots if s.timestamp >= first.timestamp]
+    assert {verdict(s, "gpu_starved").cause for s in held if verdict(s, "gpu_starved").active} == {"api_server"}
+    assert sum(verdict(s, "gpu_starved").active for s in held) >= 0.9 * len(held)
+    assert all(any(a.startswith("--api-server-count ") for a in verdict(s, "gpu_starved").advice) for s in held if verdict(s, "gpu_starved").active)
+    assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"api_server"}
+    assert {s.primary for s in held} <= {"gpu_starved", "ttft_high"} and "gpu_starved" in {s.primary for s in held}
+    assert not any(verdict(s, c).active for s in snapshots for c in ("compute_bound", "vllm_unreachable", "queue_backlog"))
+
+
+def test_a_concurrency_cap_below_the_load_leads_with_the_queue_behind_the_cap():
+    """Default settings. The wide model with --max-num-seqs 8 and 48 clients: 8 running, ~40 waiting, KV almost empty.
+    Written before the run: queue_backlog with cause concurrency_cap, primary; no gpu_starved (a healthy decode). Measured
+    otherwise: at 8 sequences a step took 9.4 ms and the GPU ran a kernel 42 % of the time (SM 0.31) while the engine
+    core's thread used 0.97 of a core, so gpu_starved holds too. The cap is the fix of both (more sequences per step): the
+    queue leads with it, gpu_starved stays a secondary."""
+    _, phases = capture("seqs_cap")
+    start, end = next((s, e) for n, s, e in phases if n == "capped")
+    snapshots = replayed("seqs_cap", load(env={}))
+    first = first_active(snapshots, "queue_backlog", start, end)
+    assert first is not None and first.timestamp - start <= 90, first and first.timestamp - start
+    held = [s for s in snapshots if first.timestamp <= s.timestamp <= end]
+    assert {verdict(s, "queue_backlog").cause for s in held} == {"concurrency_cap"}
+    assert {s.primary for s in held} == {"queue_backlog"}
+    assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"queueing"}

@@ -33,6 +33,9 @@ class Condition:
     # a new condition fits between two.
     precedence: int
     thresholds: tuple[Threshold, ...] = ()
+    # (cause, precedence) where a cause moves the verdict in the story: a queue behind the concurrency cap leads a GPU
+    # that idles between its small steps, since admitting more per step is the fix of both. Unique, as precedence is.
+    precedence_by_cause: tuple[tuple[str, int], ...] = ()
     for_seconds: float = 60.0
     clear_seconds: float = 60.0
     sources: tuple[str, ...] = (VLLM_SOURCE,)  # a source that is down makes the condition `unknown`

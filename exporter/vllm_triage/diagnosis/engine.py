@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..model import VLLM_SOURCE, Evidence, SourceHealth, Verdict
 from ..scope import AGGREGATE_SCOPE
-from .conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition, ConditionSettings
+from .conditions import CONDITIONS, CONDITIONS_BY_ID, Condition, ConditionSettings
 from .inputs import Notes, ScopedSignals, TickInputs, Wants
 from .judge import Judge, Term
 
@@ -302,10 +302,16 @@ def _suppress(outcomes: dict[str, _Outcome]) -> None:
 
 
 def rank(verdicts: list[Verdict]) -> list[Verdict]:
-    """Mark the primary verdict (the first active one in PRECEDENCE: its fix comes first) and the
-    other active ones as secondary to it."""
-    order = {cid: i for i, cid in enumerate(PRECEDENCE)}
-    active = sorted((v for v in verdicts if v.active), key=lambda v: order.get(v.condition, len(order)))
+    """Mark the primary verdict (the first active one by precedence, for its observed cause: its fix comes first) and
+    the other active ones as secondary to it."""
+
+    def place(v: Verdict) -> float:
+        condition = CONDITIONS_BY_ID.get(v.condition)
+        if condition is None:
+            return float("inf")
+        return dict(condition.precedence_by_cause).get(v.cause or "", condition.precedence)
+
+    active = sorted((v for v in verdicts if v.active), key=place)
     if not active:
         return verdicts
     primary = active[0].condition

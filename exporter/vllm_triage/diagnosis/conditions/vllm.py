@@ -410,7 +410,7 @@ KV_CACHE_SATURATED = Condition(
     precedence=40,
     notes=("max_num_seqs",),
     layer="1",
-    severity="critical",
+    severity="warning",
     summary="KV cache is full and requests are queueing or being preempted",
     meaning="Every KV block is in use; new requests wait and running ones are preempted (recomputed on V1).",
     next_actions=_CAPACITY_ACTIONS,
@@ -493,9 +493,19 @@ def _queue_backlog(j: Judge) -> Term:
             j.cause = "gpu_compute"
             j.note(f"cause gpu_compute: {limit}: the GPU computes at its limit while requests wait; more sequences or tokens per step add no FLOPs")
             _advise_replicas(j, "the GPU's compute")
-        elif running is not None and max_seqs is not None and running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs:
+        elif (
+            running is not None
+            and max_seqs is not None
+            and (running >= j.thresholds["running_ratio_for_cap_cause"] * max_seqs or (j.signals.get("requests_running_max") or 0.0) >= max_seqs)
+        ):
+            # at the cap on average, or at it at all while the queue held (a queue that formed within the window)
             j.cause = "concurrency_cap"
-            j.note(f"cause concurrency_cap: {running:.1f} running on average, at max_num_seqs {max_seqs:.0f}", "requests_running_mean", running)
+            j.note(
+                f"cause concurrency_cap: {running:.1f} running on average (at most {j.signals.get('requests_running_max') or 0.0:.0f}), "
+                f"at max_num_seqs {max_seqs:.0f}",
+                "requests_running_mean",
+                running,
+            )
             fit = j.signals.get("kv_requests_that_fit")
             if fit is not None and fit > max_seqs:
                 j.advise(f"--max-num-seqs {fit:.0f}: the KV cache holds {fit:.0f} requests of the observed length, the cap admits {max_seqs:.0f}.")
@@ -594,6 +604,7 @@ def _ruled_out(j: Judge) -> str:
 QUEUE_BACKLOG = Condition(
     id="queue_backlog",
     precedence=70,
+    precedence_by_cause=(("concurrency_cap", 45), ("token_budget", 46)),
     suppressed_by=(FROZEN,),
     notes=("max_num_seqs",),
     layer="1",
@@ -622,6 +633,7 @@ QUEUE_BACKLOG = Condition(
         "requests_waiting_nonempty_ratio",
         "requests_waiting_mean",
         "requests_running_mean",
+        "requests_running_max",
         "requests_waiting_min",
         "preemptions_per_second",
         "requests_waiting_deferred_mean",
@@ -881,14 +893,23 @@ def _itl_cause(j: Judge) -> None:
         )
         return
     prefill_share = (per_step - running) / per_step if per_step and running is not None and per_step > running else 0.0
-    if step and prefill_share >= t["prefill_share_of_step_min"]:
+    p95 = s.get("inter_token_latency_seconds_p95")
+    spikes = itl is not None and p95 is not None and s.get("prefill_time_seconds_mean") and p95 >= t["spike_factor"] * itl
+    if (step and prefill_share >= t["prefill_share_of_step_min"]) or spikes:
         j.cause = "prefill_chunks"
-        j.note(
-            f"cause prefill_chunks: steps carry {per_step:.0f} tokens for {running:.0f} running sequences ({prefill_share:.0%} prefill) "
-            f"and take {step * 1000:.0f} ms each: every decode waits for the prompts prefilled beside it",
-            "tokens_per_step_mean",
-            per_step,
-        )
+        if step and prefill_share >= t["prefill_share_of_step_min"]:
+            j.note(
+                f"cause prefill_chunks: steps carry {per_step:.0f} tokens for {running:.0f} running sequences ({prefill_share:.0%} prefill) "
+                f"and take {step * 1000:.0f} ms each: every decode waits for the prompts prefilled beside it",
+                "tokens_per_step_mean",
+                per_step,
+            )
+        else:
+            j.note(
+                f"cause prefill_chunks: ITL p95 {p95 or 0.0:.3f} s against p50 {itl or 0.0:.3f} s: the slow steps are those that carry a prefill chunk",
+                "inter_token_latency_seconds_p95",
+                p95,
+            )
         _advise_batched_tokens(j)
     elif (gpu := next(((kind, limit) for kind in ("gpu_compute", "gpu_bandwidth") if (limit := _gpu_limit(j, kind)) is not None), None)) is not None:
         j.cause = gpu[0]
@@ -958,6 +979,7 @@ ITL_HIGH = Condition(
         Threshold("itl_p95_max_seconds", 0.1, "inter-token latency p95 SLO in seconds"),
         Threshold("outside_engine_factor", 1.5, "cause api_server or frontend when ITL p50 is at least this many engine steps"),
         Threshold("prefill_share_of_step_min", 0.5, "cause prefill_chunks when prefill tokens are at least this share of a step's tokens", 0.0, 1.0),
+        Threshold("spike_factor", 3.0, "... or when ITL p95 is at least this many times its p50 while prompts are prefilled (slow steps among fast ones)"),
         Threshold("api_server_thread_min", 0.85, "cause api_server (not frontend) when the API server's busiest thread is at least this", 0.0, 1.0),
         *GPU_LIMIT_THRESHOLDS,
     ),
