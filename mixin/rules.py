@@ -262,8 +262,12 @@ for _tunable in VLLM_THRESHOLDS.values():
     _tunable["text"] = _tunable["format"].replace("%v", f"{_tunable['default']:g}")
 
 
-# The sidecar's word that vLLM has not answered yet within its startup grace (after the grace, VllmTriageVllmUnreachable).
+# The sidecar's word that vLLM has not answered yet and the host shows it loading (else VllmTriageVllmUnreachable).
 STARTING = "vllm_triage_vllm_starting == 1"
+# vLLM's own target is down and someone can tell it is no start: its sidecar says vLLM is not starting, or, with no
+# sidecar series at all, vLLM's target was up within the hour. A new pod whose sidecar has not started yet (the sidecar
+# is the second container: it starts after vLLM's image is pulled, minutes) is neither: a rollout pages nobody.
+NOT_A_START = f"(vllm_triage_vllm_starting == 0 or max_over_time(up{{{VLLM_JOB}}}[1h]) == 1 unless on (namespace, pod) vllm_triage_vllm_starting)"
 
 VLLM_ALERTS: list[dict[str, Any]] = [
     {
@@ -324,8 +328,9 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmTargetDown",
-        # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes).
-        "expr": f"up{{{VLLM_JOB}}} == 0 unless on (namespace, pod) {STARTING}",
+        # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes), nor while a
+        # new pod's sidecar has not started.
+        "expr": f"up{{{VLLM_JOB}}} == 0 and on (namespace, pod) {NOT_A_START}",
         "for": "2m",
         "labels": {"severity": "critical"},
         "annotations": {
@@ -633,6 +638,11 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
                 {"series": 'up{job="vllm",instance="10.0.0.3:8000",namespace="llm",pod="vllm-2"}', "values": "0x20"},
                 {"series": 'up{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x20"},
                 {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x10 0x10"},
+                # a rollout with a slow image pull: vLLM's port is scraped (down) 3 minutes before its sidecar starts, which
+                # then says starting until vLLM answers: nothing fires (the expectations below name every alert that does)
+                {"series": 'up{job="vllm",instance="10.0.0.4:8000",namespace="llm",pod="vllm-3"}', "values": "0x7 1x13"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "0x2 1x18"},
+                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "_x3 1x5 0x12"},
             ],
             "alert_rule_test": [
                 silent("VllmTargetDown", "2m"),

@@ -61,6 +61,9 @@ def _open(path: str | Path) -> IO[str]:
 # A capture is minutes to hours of one server; a span past this means a reading with a wrong timestamp,
 # which would make replay step through it tick by tick for ever.
 MAX_SPAN_SECONDS = 7 * 86_400
+# One reading's line, decompressed: a page at max_page_bytes recorded as JSON is a few MB; a longer line is a crafted one
+# (400 MB in a 400 kB gzip) and is refused before it is held whole.
+MAX_LINE_CHARS = 32 * 2**20
 # What a corrupt gzip stream raises: OSError (BadGzipFile), EOFError (cut short), zlib.error (bad
 # deflate data), UnicodeDecodeError (not UTF-8 text).
 _CORRUPT = (OSError, EOFError, zlib.error, UnicodeDecodeError)
@@ -91,10 +94,14 @@ def read_readings(path: str | Path) -> Iterator[Reading]:
         _header(handle, path)
         number, line = 1, ""
         try:
-            for line in handle:
+            for line in iter(lambda: handle.readline(MAX_LINE_CHARS + 1), ""):
                 number += 1
+                if len(line) > MAX_LINE_CHARS:
+                    raise CaptureError(f"{path} line {number} is over {MAX_LINE_CHARS // 2**20} MiB decompressed: not a reading this sidecar wrote")
                 if line.strip():
                     readings.append(Reading.from_json(json.loads(line)))
+        except CaptureError:
+            raise
         except (*_CORRUPT, EOFError) as exc:
             # A recorder that was killed leaves no gzip trailer; a damaged file stops somewhere: keep what was read.
             if not readings:

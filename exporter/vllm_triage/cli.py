@@ -234,6 +234,10 @@ def _capture_path(name: str) -> Path:
     return demo_capture_path() if name == "demo" else Path(name)
 
 
+# vllm_unreachable's bars before vLLM's first answer (how long a start may take, by what the host shows)
+START_BARS = ("startup_grace_seconds", "not_started_seconds", "startup_grace_no_process_seconds")
+
+
 def _instant(config: Config, window_seconds: float) -> Config:
     """Settings for a one-shot judgement: no debouncing, one window over the whole observation, and no startup grace
     (whoever asks wants to know whether vLLM answers now)."""
@@ -243,7 +247,7 @@ def _instant(config: Config, window_seconds: float) -> Config:
             for_seconds=0.0,
             clear_seconds=0.0,
             window_seconds=window_seconds,
-            thresholds={**s.thresholds, "startup_grace_seconds": 0.0} if "startup_grace_seconds" in s.thresholds else s.thresholds,
+            thresholds={**s.thresholds, **{name: 0.0 for name in START_BARS if name in s.thresholds}},
         )
         for cid, s in config.conditions.items()
     }

@@ -11,7 +11,7 @@ from typing import cast
 
 from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
-from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth
+from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth, make_labels
 from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_group_scope, gpu_scope, parse_scope
 from .signals.window import WindowView, compute_signals
@@ -20,6 +20,7 @@ from .sources.process import STOPPED_STATES
 from .store import Store
 
 DEFAULT_STALE_AFTER_SECONDS = 15.0
+CRASH_LOOP_WINDOW_SECONDS = 600.0  # API servers seen exiting within this long make a crash loop (Kubernetes backs off to 5 min)
 # Signals of the whole server, not of one scope: vllm_unreachable's (with what the host sees of the API server, for
 # its cause), and the parallel layout the rank map found (the largest tensor-parallel group and the data-parallel
 # engines; absent while no vLLM process is visible).
@@ -28,6 +29,10 @@ GLOBAL_SIGNALS = (
     "vllm_stale_after_seconds",
     "host_api_server_stopped",
     "host_api_server_gone_seconds",
+    "host_api_server_running_seconds",
+    "host_api_server_exits_recent",
+    "host_process_view",
+    "host_vllm_processes_ignored",
     "vllm_tensor_parallel_size",
     "vllm_parallel_engines",
 )
@@ -142,6 +147,7 @@ def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_
         "vllm_stale_after_seconds": stale_after.get(VLLM_SOURCE, DEFAULT_STALE_AFTER_SECONDS),
         "host_api_server_stopped": stopped,
         "host_api_server_gone_seconds": gone,
+        **_startup_evidence(store, fresh.get(PROCESS_SOURCE, False), now),
         "vllm_tensor_parallel_size": float(1 + max(r["tp_rank"] for r in ranks)) if ranks else None,
         "vllm_parallel_engines": float(len({r["dp_rank"] for r in ranks})) if ranks else None,
     }
@@ -161,6 +167,26 @@ def _api_server_seen(store: Store, found: Discovery, fresh: bool, now: float) ->
         if any(p.get("role") == "api_server" for p in cast("ProcessMeta", frame.meta).get("processes", [])):
             return None, now - frame.timestamp
     return None, None
+
+
+def _startup_evidence(store: Store, fresh: bool, now: float) -> dict[str, float | None]:
+    """What the host shows of a vLLM that has not answered: whether the sidecar sees beyond its own processes, how long
+    the watched API server has run, how many exited within CRASH_LOOP_WINDOW_SECONDS, and how many vLLM-titled
+    processes belong to another port. All None without a fresh process reading."""
+    latest = store.latest(PROCESS_SOURCE)
+    if not fresh or latest is None or not latest.ok:
+        return dict.fromkeys(("host_process_view", "host_api_server_running_seconds", "host_api_server_exits_recent", "host_vllm_processes_ignored"))
+    meta = latest.process_meta()
+    view = meta.get("process_view")
+    server = make_labels({"role": "api_server", "index": "0"})
+    started = latest.samples.get(("process_start_time_seconds", server))
+    exits = [t for t in meta.get("api_server_exit_times", ()) if latest.timestamp - t <= CRASH_LOOP_WINDOW_SECONDS]
+    return {
+        "host_process_view": None if view is None else float(view),
+        "host_api_server_running_seconds": None if started is None else max(0.0, latest.timestamp - started),
+        "host_api_server_exits_recent": None if view is None else float(len(exits)),
+        "host_vllm_processes_ignored": float(meta.get("ignored_processes", 0)),
+    }
 
 
 def _fresh(health: SourceHealth, now: float, stale_after: float) -> bool:

@@ -25,6 +25,8 @@ LATEST_HELP = {
     "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
     "process_resident_memory_bytes": "Resident memory of a vLLM process.",
     "process_threads": "Threads of a vLLM process.",
+    "process_start_time_seconds": "When a vLLM process started (Unix time): how long it has run, or loaded.",
+    "process_exits_total": "vLLM API server processes seen exiting since the sidecar started (a crash loop restarts it under new pids).",
     "process_stopped": "1 when a vLLM process can run no code: stopped by a signal (SIGSTOP, a debugger) or a zombie.",
     "process_busiest_thread_cpu_ratio": "The process's busiest thread since the previous sample, share of one core (1.0 = saturated).",
     "process_thread_runqueue_wait_ratio": "Seconds per second the process's neediest thread waited runnable for a CPU (schedstat) since the previous sample.",
@@ -137,11 +139,14 @@ class SnapshotCollector(Collector):
         yield window
         starting = GaugeMetricFamily(
             f"{PREFIX}_vllm_starting",
-            "1 while vLLM has not answered once since the sidecar started and vllm_unreachable's startup grace has not passed: "
-            "a pod start or rollout loading its model, not an outage (VllmTargetDown stays silent meanwhile).",
+            "1 while vLLM has not answered once since the sidecar started and the host shows a start (its API server loading, "
+            "within the startup grace), not an outage: VllmTargetDown stays silent meanwhile.",
         )
         starting.add_metric([], 1.0 if snapshot.vllm_starting else 0.0)
         yield starting
+        starting_for = GaugeMetricFamily(f"{PREFIX}_vllm_starting_seconds", "How long vLLM has been starting (0 when it is not).")
+        starting_for.add_metric([], snapshot.vllm_starting_seconds or 0.0)
+        yield starting_for
         ranks = GaugeMetricFamily(
             f"{PREFIX}_rank_info",
             "1 for each process running the model: its engine (data-parallel rank), pipeline- and tensor-parallel rank, its role "

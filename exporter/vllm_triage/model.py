@@ -78,6 +78,8 @@ class ProcessMeta(TypedDict, total=False):
     lost_workers: list[LostWorker]  # workers gone while their engine core runs
     api_server_args: dict[str, Any]  # its command line's flags, parsed
     api_server_pid: int
+    process_view: bool  # processes beyond the sidecar's own are visible (a shared process namespace)
+    api_server_exit_times: list[float]  # when API servers were seen exiting (the last 16)
 
 
 class GpuEntry(TypedDict, total=False):
@@ -135,6 +137,9 @@ def bucket_bound(le: str | None) -> float | None:
     return None if bound != bound else bound
 
 
+TIMESTAMP_MAX = 1e10  # Unix seconds in 2286: a later stamp is a wrong one (at 1e17 adding a tick no longer moves a clock)
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one source saw at one moment. `ok=False` readings are kept: they are evidence too."""
@@ -167,8 +172,8 @@ class Reading:
         if not isinstance(record, dict):
             raise ValueError(f"expected a JSON object, got {type(record).__name__}")
         timestamp = float(record["t"])
-        if not math.isfinite(timestamp) or timestamp < 0:
-            raise ValueError(f"timestamp {record['t']!r} is not a time")
+        if not math.isfinite(timestamp) or not 0 <= timestamp <= TIMESTAMP_MAX:
+            raise ValueError(f"timestamp {str(record['t'])[:40]} is not a time (Unix seconds up to {TIMESTAMP_MAX:.0f}, the year 2286)")
         samples = {}
         for entry in record.get("samples", []):
             if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[1], dict):
@@ -348,7 +353,13 @@ class Snapshot:
     latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
     # Python stacks taken when a condition that asks for them became active (engine_wedged): where it is stuck
     stack_dumps: tuple[dict[str, Any], ...] = ()
-    vllm_starting: bool = False  # vLLM has not answered once yet, within the startup grace (Engine._vllm_starting)
+    # How long vLLM has been starting: no answer yet since the sidecar started, and the host shows a start, not an outage
+    # (Engine._vllm_starting_seconds). None when it is not starting.
+    vllm_starting_seconds: float | None = None
+
+    @property
+    def vllm_starting(self) -> bool:
+        return self.vllm_starting_seconds is not None
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = json_safe(
@@ -358,6 +369,7 @@ class Snapshot:
                 "evaluations": self.evaluations,
                 "primary": self.primary,
                 "vllm_starting": self.vllm_starting,
+                "vllm_starting_seconds": self.vllm_starting_seconds,
                 "conditions": [v.to_json() for v in self.verdicts],
                 "sources": {s.source: s.to_json() for s in self.sources},
                 "signals": self.signals,

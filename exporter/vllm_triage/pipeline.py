@@ -4,6 +4,7 @@ capture is the verdict the live sidecar gave on the same readings."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from .config import Config
@@ -33,6 +34,7 @@ class Pipeline:
         horizons = {spec.name: max(self.engine.horizon_seconds, spec.lookback_seconds) + margin for spec in SOURCES if spec.lookback_seconds}
         self.store = Store(horizon_seconds=self.engine.horizon_seconds + margin, horizons=horizons)
         self.tick_seconds = config.tick_seconds
+        self.reach_seconds = max(self.store.horizon_seconds, *horizons.values())  # how far back any window looks
 
     def feed(self, reading: Reading) -> None:
         self.store.add(reading)
@@ -60,6 +62,13 @@ class Pipeline:
             snapshot = self.evaluate(now)
             on_tick(snapshot)
             now += self.tick_seconds
+            # A gap in the recording longer than any window: once every window is past the last reading nothing changes
+            # until the next one comes into reach, so the ticks in between are skipped (two readings days apart replay
+            # in two windows' ticks, not days of them).
+            if 0 < index < len(readings) and now - readings[index - 1].timestamp > self.reach_seconds:
+                ahead = readings[index].timestamp - self.reach_seconds - now
+                if ahead > self.tick_seconds:
+                    now += math.floor(ahead / self.tick_seconds) * self.tick_seconds
         return snapshot
 
 
@@ -78,7 +87,7 @@ def evaluate(engine: Engine, store: Store, now: float) -> Snapshot:
         window_seconds=engine.window_seconds,
         discovery=derived.discovery.to_json(),
         latest=derived.latest_exported(),
-        vllm_starting=judgement.vllm_starting,
+        vllm_starting_seconds=judgement.vllm_starting_seconds,
     )
 
 

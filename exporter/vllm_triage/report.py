@@ -33,6 +33,11 @@ def format_report(snapshot: Snapshot, target: str) -> str:
     unknown = [v for v in snapshot.verdicts if v.state == "unknown" and not v.held]
     clear = [v for v in snapshot.verdicts if not _holding(v) and v.state != "unknown"]
     lines.append("")
+    if snapshot.vllm_starting_seconds is not None:
+        unreachable = next((v for v in snapshot.verdicts if v.condition == "vllm_unreachable"), None)
+        why = next((e.text for e in unreachable.evidence if e.text.startswith("starting")), "") if unreachable else ""
+        lines.append(f"STARTING: vLLM has not answered for {snapshot.vllm_starting_seconds:.0f} s (starting?)" + (f"; {why}" if why else ""))
+        lines.append("")
     if snapshot.primary:
         lines.append(f"PRIMARY: {snapshot.primary} (the verdict whose fix comes first; the others below are secondary to it)")
         lines.append("")

@@ -17,6 +17,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import suppress
@@ -84,6 +86,7 @@ class Webhook:
 
     def __init__(self) -> None:
         self.posts: list[tuple[str, str, str, tuple[str, ...], str]] = []
+        self.times: list[float] = []  # time.monotonic() of each post
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,6 +95,7 @@ class Webhook:
                 firing = tuple(sorted(name(a["labels"]) for a in body["alerts"] if a["status"] == "firing"))
                 pod = body["groupLabels"].get("pod", "")
                 outer.posts.append((self.path.strip("/"), body["groupKey"], body["status"], firing, pod))
+                outer.times.append(time.monotonic())
                 self.send_response(200)
                 self.end_headers()
 
@@ -229,9 +233,36 @@ def replayed_incidents(tmp_path) -> dict[str, Path]:
     return paths
 
 
+# A vLLM that never starts, as a live sidecar on this host sees it: vllm_unreachable's start bars at the rules' speed.
+NEVER_STARTS_CONFIG = "sources: vllm,process\nconditions:\n  vllm_unreachable: {for_seconds: 2, not_started_seconds: 15}\n"
+# An API server that dies 3 s after it starts (a bad model path), restarted 1 s later under a new pid (the kubelet's
+# 10 s back-off at this speed).
+CRASHING_API_SERVER = "import time; time.sleep(3); raise SystemExit(1)"
+
+
+class CrashLoop:
+    """Starts a process titled like vLLM's API server for `port` again each time it exits, until stopped."""
+
+    def __init__(self, port: int) -> None:
+        self.stopped = threading.Event()
+        self.command = [sys.executable, "-c", CRASHING_API_SERVER, "vllm.entrypoints.openai.api_server", "--port", str(port)]
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            subprocess.run(self.command, check=False)
+            self.stopped.wait(1)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+
 def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_path):
     """The done-when of paging: four pods in one Prometheus and one Alertmanager, each a sidecar replaying a real H200
-    capture at the default settings and the vLLM page that capture read (served back on the sidecar's clock)."""
+    capture at the default settings and the vLLM page that capture read (served back on the sidecar's clock); beside
+    them two live sidecars whose vLLM never answers: one where no vLLM process ever starts, one crash-looping."""
     webhook = Webhook()
     alertmanager_process, alertmanager = start_alertmanager(tmp_path, faster_alertmanager(webhook.url))
     rules = tmp_path / "rules.yml"
@@ -247,10 +278,18 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
             pages[pod].restart_clock()
         readings = timeline.load(capture)
         length = readings[-1].timestamp - readings[0].timestamp  # every capture's
+        addresses = {pod: page.address for pod, page in pages.items()}
+        live_started = time.monotonic()
+        for pod in ("never-0", "crash-0"):
+            (tmp_path / pod).mkdir()
+            port = vllm_server.free_port()  # nothing listens there
+            addresses[pod] = f"127.0.0.1:{port}"
+            sidecars[pod] = start_sidecar(tmp_path / pod, f"http://{addresses[pod]}", NEVER_STARTS_CONFIG)
+        crash_loop = CrashLoop(int(addresses["crash-0"].rsplit(":", 1)[1]))
         prometheus = start_prometheus(
             tmp_path,
             {
-                "vllm": [(pages[pod].address, {"namespace": "llm", "pod": pod}) for pod in pages],
+                "vllm": [(address, {"namespace": "llm", "pod": pod}) for pod, address in addresses.items()],
                 "vllm-triage": [(sidecars[pod].url.removeprefix("http://"), {"namespace": "llm", "pod": pod}) for pod in sidecars],
             },
             rules,
@@ -259,8 +298,10 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         try:
             time.sleep(max(0.0, first_started + length / REPLAY_SPEED - 10 - time.monotonic()))  # before the first capture loops
             fired = {(s["metric"].get("pod", ""), s["metric"]["alertname"]) for s in prometheus.query('max_over_time(ALERTS{alertstate="firing"}[1h])')}
+            prometheus_causes = prometheus.query('max_over_time(vllm_triage_condition_cause{condition="vllm_unreachable"}[1h]) == 1')
         finally:
             prometheus.stop()
+            crash_loop.stop()
         posts = "\n".join(map(str, webhook.posts))
         for pod in sidecars:
             print(pod, "fired in Prometheus:", sorted(a for p, a in fired if p == pod), "paged:", webhook.pages(pod=pod), "tickets:", webhook.tickets(pod=pod))
@@ -271,6 +312,13 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         assert any("VllmTriageKvCacheSaturated" in names for names in webhook.tickets(pod="kv-0")), posts
         assert webhook.pages(pod="hung-0") == [("VllmTriageEngineWedged",)], posts
         assert webhook.pages(pod="down-0") == [("VllmTriageVllmUnreachable",)], posts
+        # a vLLM that never starts, and one that crash-loops: one page each, within 5 minutes (30 s at this speed)
+        for pod in ("never-0", "crash-0"):
+            assert webhook.pages(pod=pod) == [("VllmTriageVllmUnreachable",)], posts
+            first = next(at for at, (receiver, *_, about) in zip(webhook.times, webhook.posts, strict=True) if receiver == "pager" and about == pod)
+            assert first - live_started <= 30, f"{pod}: paged {first - live_started:.0f} s after its sidecar started"
+        causes = {(s["metric"]["pod"], s["metric"]["cause"]) for s in prometheus_causes}
+        assert ("crash-0", "crash_loop") in causes, causes
         # What made them one page: the other alerts about the same incident fired and were inhibited.
         assert {"VllmKvCacheFull", "VllmTriagePreemptionStorm"} <= {a for p, a in fired if p == "kv-0"}, fired
         assert "VllmTargetDown" in {a for p, a in fired if p == "down-0"}, fired

@@ -27,6 +27,8 @@ class Counters:
     prefill: list[float] = field(default_factory=list)  # request prefill times so far (the histogram appears with the first)
     itl: list[float] = field(default_factory=list)  # inter-token latencies so far (likewise)
     prompt_lengths: list[float] = field(default_factory=list)  # prompt tokens of finished requests (likewise)
+    steps: float = 0.0  # engine steps so far (vllm:iteration_tokens_total's count; the histogram appears with the first)
+    step_tokens: float = 0.0  # tokens of those steps
 
 
 def page(
@@ -70,6 +72,11 @@ def page(
         lines += _histogram("vllm:request_prefill_time_seconds", labels, c.prefill, PREFILL_BOUNDS)
     if c.itl:
         lines += _histogram("vllm:inter_token_latency_seconds", labels, c.itl, TTFT_BOUNDS)
+    if c.steps:
+        lines.append("# TYPE vllm:iteration_tokens_total histogram")
+        lines.append(f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {c.steps}')
+        lines.append(f"vllm:iteration_tokens_total_sum{{{labels}}} {c.step_tokens}")
+        lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {c.steps}")
     if c.prompt_lengths:
         lines += _histogram("vllm:request_prompt_tokens", labels, c.prompt_lengths, (100.0, 1000.0, 10000.0))
     if not v0:

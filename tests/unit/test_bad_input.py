@@ -5,6 +5,7 @@ diagnosis, churning label sets."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import signal
@@ -201,10 +202,13 @@ GOOD = '{"source":"vllm","t":1000.0,"ok":true,"samples":[["vllm:num_requests_run
 @pytest.mark.parametrize(
     ("lines", "header", "says"),
     [
-        ([GOOD, GOOD.replace("1000.0", "1000000000000.0")], None, "a reading has a wrong timestamp"),
+        ([GOOD, GOOD.replace("1000.0", "692200.0")], None, "a reading has a wrong timestamp"),  # 8 days after the first
         ([GOOD, GOOD.replace("1000.0", "-1e12")], None, "is not a time"),
         ([GOOD, GOOD.replace("1000.0", "NaN")], None, "is not a time"),
         ([GOOD, GOOD.replace("1000.0", "Infinity")], None, "is not a time"),
+        ([GOOD.replace("1000.0", "1e17")], None, "is not a time"),  # adding a tick no longer moves such a clock
+        ([GOOD.replace("1000.0", "1e15")], None, "is not a time"),  # past the calendar: once a `year out of range`
+        ([GOOD, '{"source":"vllm","t":1001.0,"ok":true,"error":"' + "x" * (33 * 2**20) + '"}'], None, "decompressed"),  # 33 MiB in 33 kB
         ([GOOD, "[1, 2, 3]"], None, "expected a JSON object"),
         ([GOOD, GOOD.replace('{"engine":"0","model_name":"m"}', '["engine","0"]')], None, "a sample must be"),
         ([GOOD], '{"format":"vllm-triage-capture","version":"1"}', "version '1'"),
@@ -218,6 +222,19 @@ def test_a_corrupt_capture_is_one_clear_error(tmp_path, capsys, lines, header, s
     for command in (["replay", str(capture)], ["diagnose", "--capture", str(capture)], ["serve", "--demo", "--demo-capture", str(capture)]):
         assert main(command) == 2, command
         assert says.split()[0] in capsys.readouterr().err
+
+
+def test_readings_days_apart_replay_in_the_ticks_of_their_windows_not_of_the_gap():
+    """A capture whose two readings are 6.9 days apart (a 2 kB file) once replayed tick by tick for 6 minutes: the ticks
+    where every window is past the last reading change nothing and are skipped; each reading is still judged."""
+    from vllm_triage.pipeline import replay
+
+    first = Reading.from_json(json.loads(GOOD))
+    later = dataclasses.replace(first, timestamp=first.timestamp + 6.9 * 86_400)
+    ticks: list[float] = []
+    last = replay([first, later], load(env={}), lambda snapshot: ticks.append(snapshot.timestamp))
+    assert last is not None and last.timestamp >= later.timestamp
+    assert len(ticks) < 500 and ticks == sorted(ticks) and ticks[0] == first.timestamp
 
 
 def test_corrupt_deflate_data_is_one_clear_error(tmp_path, capsys):

@@ -9,6 +9,7 @@ from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import evaluate
+from vllm_triage.report import format_report
 from vllm_triage.store import Store
 
 from .pages import Counters, failed, page, reading
@@ -405,6 +406,27 @@ def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
     assert v.state == "inactive" and any("a stall counts from" in e.text for e in v.evidence), [e.text for e in v.evidence]
 
 
+def test_an_engine_that_steps_through_a_long_prefill_is_not_wedged_and_one_that_stops_stepping_is():
+    """A 100k-token prompt prefills in 2,048-token chunks for a minute: no token counts until its first, but the engine
+    steps (vllm:iteration_tokens_total's count rises), so it is no hang, with no earlier prefill to raise the bar. The same
+    minute with the step count standing still is one."""
+    for stepping in (True, False):
+        s = Scenario(engine(window=60.0))
+        s.c.steps, s.c.step_tokens = 1.0, 8.0
+        s.run(10, running=0, finish_per_step=0, producing=False)
+        snapshots = []
+        for _ in range(30):
+            if stepping:
+                s.c.steps += 10
+                s.c.step_tokens += 10 * 2048
+            snapshots.append(s.run(2, running=1, finish_per_step=0, producing=False))
+        wedged = [snap.timestamp for snap in snapshots if verdict(snap, "engine_wedged").active]
+        if stepping:
+            assert not wedged and snapshots[-1].signals["m/0"]["engine_steps_per_second"] == 5.0
+        else:
+            assert wedged, [e.text for e in verdict(snapshots[-1], "engine_wedged").evidence]
+
+
 def backlog_cause(deferred: float | None) -> str | None:
     """queue_backlog's cause with 6 waiting (KV full, as a capacity queue looks) and `deferred` of them deferred."""
     eng, store, c = engine({"queue_backlog": {"for_seconds": 0}}), Store(120), Counters()
@@ -478,21 +500,81 @@ def test_high_itl_from_prefill_chunks_advises_a_max_num_batched_tokens_within_th
     assert values["inter_token_latency_seconds_p50"] + (chunk + 256) * per_token > 0.1
 
 
-def test_a_vllm_still_loading_its_model_is_starting_not_unreachable():
-    """A pod start or a rollout: the sidecar is up while vLLM loads its model for minutes. Nothing pages until the
-    startup grace (the chart's startup probe) has passed; once vLLM has answered, an outage is judged as before."""
-    s = Scenario(engine())
-    snap = s.fail(600)  # 10 minutes of model load
-    v = verdict(snap, "vllm_unreachable")
-    assert v.state == "inactive" and any(e.text.startswith("starting: vLLM is loading") for e in v.evidence), [e.text for e in v.evidence]
-    assert snap.primary is None
-    s = Scenario(engine({"vllm_unreachable": {"thresholds": {"startup_grace_seconds": 300}}}))
-    snap = s.fail(330)  # a load that never ends: unreachable after the grace and the condition's `for`
-    assert verdict(snap, "vllm_unreachable").state == "active"
+def host(t: float, server: tuple[int, float] | None, exits: int = 0, view: bool = True, ignored: int = 0):
+    """A process reading at `t`: the API server (pid, started at) or none, the API servers seen exiting so far, whether the
+    sidecar sees beyond its own processes, and how many vLLM-titled processes belong to another port."""
+    from vllm_triage.model import PROCESS_SOURCE, ProcessEntry, ProcessMeta, Reading, make_labels
+
+    samples = {("process_exits_total", make_labels({"role": "api_server"})): float(exits)}
+    processes: list[ProcessEntry] = []
+    if server is not None:
+        pid, started = server
+        labels = make_labels({"role": "api_server", "index": "0"})
+        samples |= {("process_start_time_seconds", labels): started, ("process_stopped", labels): 0.0, ("process_cpu_seconds_total", labels): t}
+        processes.append(ProcessEntry(pid=pid, role="api_server", index=0, status="running"))
+    meta = ProcessMeta(processes=processes, binding="test", ignored_processes=ignored, process_view=view)
+    if exits:  # each seen at the end of a 30 s life (20 s up, 10 s gone), as the crash loop below
+        meta["api_server_exit_times"] = [30.0 * n - 10 for n in range(1, exits + 1)]
+    return Reading(PROCESS_SOURCE, t + 0.5, True, samples, meta=meta)
+
+
+def never_answering(eng: Engine, seconds: float, server_at=lambda t: None, exits_at=lambda t: 0, view: bool = True, ignored: int = 0) -> list[Snapshot]:
+    """vLLM refusing connections for `seconds` from the sidecar's start, the host read every 2 s beside it."""
+    store, snapshots = Store(eng.horizon_seconds + 10), []
+    for t in range(2, int(seconds) + 1, 2):
+        store.add(failed(float(t)))
+        store.add(host(float(t), server_at(t), exits_at(t), view, ignored))
+        snapshots.append(evaluate(eng, store, t + 0.6))
+    return snapshots
+
+
+def first_unreachable(snapshots: list[Snapshot]) -> Snapshot | None:
+    return next((s for s in snapshots if verdict(s, "vllm_unreachable").active), None)
+
+
+def test_a_vllm_loading_its_model_is_starting_and_one_that_never_starts_is_unreachable_within_3_minutes():
+    """Starting means loading: an API server process that runs while its port does not answer yet is starting, for the
+    startup grace (the chart's startup probe). No vLLM process at all, one that keeps exiting, or one started for another
+    port is an outage within about 3 minutes, with its cause. Without a view of the processes the wait alone decides."""
+    loading = never_answering(engine(), 600, server_at=lambda t: (4242, 0.0))  # 10 minutes of model load
+    assert first_unreachable(loading) is None and all(s.vllm_starting for s in loading)
+    v = verdict(loading[-1], "vllm_unreachable")
+    assert any(e.text.startswith("starting: vLLM is loading: its API server has run 600 s") for e in v.evidence), [e.text for e in v.evidence]
+    assert loading[-1].primary is None and loading[-1].vllm_starting_seconds == 598.6  # since the first failed scrape, at 2 s
+    assert "STARTING: vLLM has not answered for 599 s (starting?); starting: vLLM is loading" in format_report(loading[-1], "test")
+
+    stuck = never_answering(engine({"vllm_unreachable": {"thresholds": {"startup_grace_seconds": 300}}}), 360, server_at=lambda t: (4242, 0.0))
+    first = first_unreachable(stuck)  # a load that never ends: unreachable after the grace and the condition's `for`
+    assert first is not None and 300 <= first.timestamp <= 2 + 300 + 15 + 2 and not first.vllm_starting
+
+    never = never_answering(engine(), 240)  # nothing started: a typo in the command, an image that never ran
+    first = first_unreachable(never)
+    assert first is not None and first.timestamp <= 180, first and first.timestamp
+    assert verdict(first, "vllm_unreachable").cause == "not_started" and first.primary == "vllm_unreachable"
+    assert all(s.vllm_starting for s in never if s.timestamp < 150) and not any(s.vllm_starting for s in never if s.timestamp >= 2 + 150 + 1)
+
+    # a crash loop: each API server lives 20 s and is restarted 10 s after it died, under a new pid
+    crashing = never_answering(engine(), 240, server_at=lambda t: (1000 + t // 30, t - t % 30) if t % 30 < 20 else None, exits_at=lambda t: (t + 10) // 30)
+    first = first_unreachable(crashing)
+    assert first is not None and first.timestamp <= 50 + 15 + 2, first and first.timestamp
+    assert verdict(first, "vllm_unreachable").cause == "crash_loop"
+    assert any("2 vLLM API server processes exited in the last 10 minutes" in e.text for e in verdict(first, "vllm_unreachable").evidence)
+
+    elsewhere = never_answering(engine(), 240, ignored=1)  # vLLM serves, started for another port than vllm_url's
+    first = first_unreachable(elsewhere)
+    assert first is not None and verdict(first, "vllm_unreachable").cause == "not_listening"
+
+    blind = never_answering(engine(), 660, view=False)  # no shared process namespace: the shorter grace alone
+    assert all(s.vllm_starting for s in blind if s.timestamp < 600)
+    texts = [e.text for e in verdict(blind[298], "vllm_unreachable").evidence]  # at 598.6 s
+    assert any(t.startswith("starting? vLLM has not answered for 597 s; without a view of its processes") for t in texts), texts
+    first = first_unreachable(blind)
+    assert first is not None and 600 <= first.timestamp <= 2 + 600 + 15 + 2 and verdict(first, "vllm_unreachable").cause == "unknown"
+
     s = Scenario(engine())
     s.run(10)
     snap = s.fail(40)  # answered once, then down: an outage at once
-    assert verdict(snap, "vllm_unreachable").state == "active"
+    assert verdict(snap, "vllm_unreachable").state == "active" and not snap.vllm_starting
 
 
 def test_a_stopped_engine_core_that_runs_again_with_its_clients_gone_is_no_longer_hung():

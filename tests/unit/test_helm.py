@@ -333,7 +333,10 @@ def test_an_sre_tunes_jobs_labels_urls_and_alerts_per_install_and_promtool_still
     assert all(a["labels"]["team"] == "inference" for a in alerts.values())
     assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/runbooks/vllm-triage#vllm") for a in alerts.values())
     mine = 'vllm_triage_release="inference/llm"'
-    assert alerts["VllmTargetDown"]["expr"] == f'up{{{mine}, job="inference/vllm"}} == 0 unless on (namespace, pod) vllm_triage_vllm_starting{{{mine}}} == 1'
+    assert alerts["VllmTargetDown"]["expr"] == (
+        f'up{{{mine}, job="inference/vllm"}} == 0 and on (namespace, pod) (vllm_triage_vllm_starting{{{mine}}} == 0 or '
+        f'max_over_time(up{{{mine}, job="inference/vllm"}}[1h]) == 1 unless on (namespace, pod) vllm_triage_vllm_starting{{{mine}}})'
+    )
     assert alerts["VllmTriageDown"]["expr"] == f'up{{{mine}, job="inference/vllm-triage"}} == 0'
     overview = release_uid("vllm-triage-overview")
     assert f"{overview}.json" in shipped_dashboards(objects)  # the alert links to this release's own dashboard

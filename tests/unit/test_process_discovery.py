@@ -431,3 +431,40 @@ def test_without_schedstats_threads_are_read_through_psutil(monkeypatch):
         spinner.kill()
     assert entry["busiest_thread"]["main"] and entry["busiest_thread"]["cpu_ratio"] > 0.3, entry
     assert "neediest_thread" not in entry, entry
+
+
+def test_a_crash_looping_api_server_is_counted_and_a_loading_one_is_timed_on_real_processes():
+    """What vllm_unreachable's start causes are read from, on real processes: API servers that start and die under new pids
+    (each lives 1.5 s, as a bad model path's) are counted with when they went; one that runs without listening (loading)
+    has its start time; one started for another port is ignored and counted as such."""
+    port = free_port()
+    source = ProcessSource(port)
+    crash = [sys.executable, "-c", "import time; time.sleep(1.5)", "vllm.entrypoints.openai.api_server", "--port", str(port)]
+    readings = []
+    for _ in range(3):
+        dying = subprocess.Popen(crash)
+        while dying.poll() is None:
+            readings.append(source.collect())
+            time.sleep(0.3)
+        readings.append(source.collect())
+    last = readings[-1]
+    assert last.process_meta()["process_view"] is True
+    assert last.samples[("process_exits_total", (("role", "api_server"),))] == 3.0
+    exits = last.process_meta()["api_server_exit_times"]
+    assert len(exits) == 3 and exits == sorted(exits) and exits[-1] - exits[0] < 10
+    seen = {p["pid"] for r in readings for p in r.process_meta()["processes"] if p["role"] == "api_server"}
+    assert len(seen) == 3  # each life was watched, under its own pid
+
+    loading = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "vllm.entrypoints.openai.api_server", "--port", str(port)])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "vllm.entrypoints.openai.api_server", "--port", str(free_port())])
+    try:
+        time.sleep(0.5)
+        reading = source.collect()
+        started = reading.samples[("process_start_time_seconds", (("index", "0"), ("role", "api_server")))]
+        assert abs(started - psutil.Process(loading.pid).create_time()) < 0.01
+        assert [p["pid"] for p in reading.process_meta()["processes"]] == [loading.pid]
+        assert reading.process_meta()["ignored_processes"] >= 1  # the server of another port (and the other tests' fakes)
+    finally:
+        for process in (loading, other):
+            process.kill()
+            process.wait()

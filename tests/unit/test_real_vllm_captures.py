@@ -20,6 +20,7 @@
 - compute_limit: the wide model at 12, 128, then 384 streamed clients of 900-word prompts: the GPU at its compute limit.
 - api_server_bound: a tiny model, 384 streamed clients asking for logprobs: the API server saturated.
 - seqs_cap: the wide model with --max-num-seqs 8 and 48 clients.
+- token_budget: the wide model with --max-num-batched-tokens 256 and 64 clients of 900-word prompts.
 """
 
 from __future__ import annotations
@@ -462,3 +463,26 @@ def test_a_concurrency_cap_below_the_load_leads_with_the_queue_behind_the_cap():
     assert {verdict(s, "queue_backlog").cause for s in held} == {"concurrency_cap"}
     assert {s.primary for s in held} == {"queue_backlog"}
     assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"queueing"}
+
+
+def test_a_token_budget_too_small_for_long_prompts_leads_with_the_queue_behind_the_budget():
+    """Default settings. The wide model with --max-num-batched-tokens 256, 64 clients of 900-word prompts. Written before
+    the run: tokens per step at the budget, requests waiting while KV has room and running stays below 128: queue_backlog
+    with cause token_budget (advice: raise --max-num-batched-tokens), ttft_high with cause queueing; no concurrency_cap,
+    no gpu_starved. Measured: 256 tokens in every step (8 ms), ~58 waiting, 5 running, and the tensor cores 0.58-0.62
+    active, at gpu_compute's 0.6: steps pinned at the budget are its cause while the tensor cores have compute to spare
+    (0.82 at 8,192-token steps in compute_limit)."""
+    _, phases = capture("token_budget")
+    start, end = next((s, e) for n, s, e in phases if n == "budget")
+    snapshots = replayed("token_budget", load(env={}))
+    first = first_active(snapshots, "queue_backlog", start, end)
+    assert first is not None and first.timestamp - start <= 60, first and first.timestamp - start
+    held = [s for s in snapshots if first.timestamp <= s.timestamp <= end]
+    assert {verdict(s, "queue_backlog").cause for s in held} == {"token_budget"}
+    assert {s.primary for s in held} == {"queue_backlog"}
+    advice = verdict(held[-1], "queue_backlog").advice
+    assert any(a.startswith("--max-num-batched-tokens ") and "(now 256)" in a for a in advice), advice
+    assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"queueing"}
+    assert not any(verdict(s, "gpu_starved").active for s in snapshots)
+    idle = [s for s in snapshots if s.timestamp < start]
+    assert idle and not any(v.active for s in idle for v in s.verdicts)

@@ -102,7 +102,7 @@ class Judgement:
 
     verdicts: tuple[Verdict, ...]  # in table order, ranked (role primary / secondary)
     primary: str | None
-    vllm_starting: bool
+    vllm_starting_seconds: float | None  # how long vLLM has been starting (None: it is not)
     evaluations: int
 
 
@@ -194,16 +194,19 @@ class Engine:
         verdicts = rank(verdicts)
         self.evaluations += 1
         primary = next((v.condition for v in verdicts if v.role == "primary"), None)
-        return Judgement(tuple(verdicts), primary, self._vllm_starting(inputs), self.evaluations)
+        return Judgement(tuple(verdicts), primary, self._vllm_starting_seconds(inputs, outcomes.get("vllm_unreachable")), self.evaluations)
 
-    def _vllm_starting(self, inputs: TickInputs) -> bool:
-        """vLLM has not answered once since the sidecar started, within vllm_unreachable's startup grace: a pod
-        start or a rollout loading its model, not an outage (alert rules on vLLM's own target stay silent)."""
-        settings = self.settings.get("vllm_unreachable")
-        thresholds = settings.thresholds if settings is not None else {t.name: t.default for t in CONDITIONS_BY_ID["vllm_unreachable"].thresholds}
-        down = inputs.global_signals.get("vllm_down_seconds")
-        never = inputs.health[VLLM_SOURCE].last_success_timestamp is None
-        return never and (down or 0.0) < thresholds["startup_grace_seconds"]
+    def _vllm_starting_seconds(self, inputs: TickInputs, unreachable: _Outcome | None) -> float | None:
+        """How long vLLM has been starting: it has not answered once since the sidecar started and vllm_unreachable's
+        predicate, which weighs what the host shows of the start, does not hold: a pod start or a rollout loading its
+        model, not an outage (alert rules on vLLM's own target stay silent). None when not starting."""
+        if inputs.health[VLLM_SOURCE].last_success_timestamp is not None:
+            return None
+        down = inputs.global_signals.get("vllm_down_seconds") or 0.0
+        if unreachable is None:  # the condition turned off: its startup grace alone
+            grace = next(t.default for t in CONDITIONS_BY_ID["vllm_unreachable"].thresholds if t.name == "startup_grace_seconds")
+            return down if down < grace else None
+        return None if unreachable.raw is True else down
 
     @staticmethod
     def _stale_note(health: SourceHealth, now: float) -> str:

@@ -334,10 +334,12 @@ def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     if produced is None:
         return None
     # A preemption is the scheduler at work: a KV thrash recomputing its preempted requests may produce no token for
-    # a while (a 2-core CPU build, two servers saturated), but a hung engine preempts nothing.
+    # a while (a 2-core CPU build, two servers saturated), but a hung engine preempts nothing. An engine step is work
+    # too: a long prompt's prefill chunks step for seconds before its first token counts; a hung engine does not step.
     preempted = ctx.view.step_increases("vllm:num_preemptions_total", ctx.scope) or [0.0] * len(produced)
+    stepped = ctx.view.step_increases("vllm:iteration_tokens_total_count", ctx.scope) or [0.0] * len(produced)
     frames = ctx.view.frames
-    start = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i] or preempted[i] > 0), 0)
+    start = next((i + 1 for i in range(len(produced) - 1, -1, -1) if produced[i] or preempted[i] > 0 or stepped[i] > 0), 0)
     finished = ctx.view.step_increases("vllm:request_success_total", ctx.scope) or [0.0] * len(produced)
     stuck_at, stuck = None, 0.0
     finished_after = 0.0
@@ -664,7 +666,8 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "seconds_stalled_with_requests_pending",
         "seconds_stalled_with_requests_pending",
         "Seconds for which requests seen pending (running or waiting) after the token counters last rose have neither finished nor "
-        "left vLLM's later counts while no token was produced and nothing was preempted; 0 when tokens flow or nothing is pending.",
+        "left vLLM's later counts while no token was produced, nothing was preempted and the engine did not step; 0 when tokens "
+        "flow, the engine steps, or nothing is pending.",
         _seconds_stalled,
     ),
     SignalDef(

@@ -7,6 +7,7 @@ when it does not, this source reports an empty list and discovery falls back to 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -163,10 +164,19 @@ class ProcessSource:
         # wait for it in their next collective. Kept while one of those engine cores lives (a restart forgets them).
         self._lost: dict[int, tuple[_Tracked, list[_Tracked]]] = {}
         self._cgroup_stat: tuple[int, str | None] | None = None  # the API server's pid and its cgroup's cpu.stat
+        # API servers that exited since the sidecar started (a crash loop restarts one under a new pid), and whether
+        # any process beyond the sidecar's own is visible (a process namespace shared with vLLM's container).
+        self._api_server_exits = 0
+        self._exit_times: collections.deque[float] = collections.deque(maxlen=16)  # when the last ones were seen gone
+        self._exited: set[int] = set()
+        self.process_view: bool | None = None
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
+        own = _own_tree()
+        others = 0
         for proc in psutil.process_iter(["pid", "cmdline"]):
+            others += proc.pid not in own
             try:
                 cmdline = proc.info["cmdline"] or []
             except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -174,6 +184,8 @@ class ProcessSource:
             role = role_of(cmdline, self.title_prefix)
             if role is not None:
                 titled[proc.pid] = (role, proc, cmdline)
+        # A namespace does not change under a running sidecar: a view seen once (vLLM's processes, or any not its own) stays.
+        self.process_view = bool(self.process_view) or others > 0 or bool(titled)
         if set(titled) != self._titled or not self._bound_to_listener:
             # Binding reads every process' sockets (psutil.net_connections): only when vLLM's processes changed,
             # or while the server was not yet found listening on its port.
@@ -195,6 +207,15 @@ class ProcessSource:
                 tracked.append(entry)
         self._adopt_orphans()
         self._note_lost_workers()
+        current = {t.process.pid for t in tracked if t.role == "api_server"}
+        for old in self._tracked:
+            pid = old.process.pid
+            if old.role == "api_server" and pid not in self._exited and (pid not in current or not _alive(old.process)):
+                self._exited.add(pid)  # an unreaped zombie stays watched: counted once
+                self._api_server_exits += 1
+                self._exit_times.append(self.clock())
+                log.warning("vLLM's API server (pid %d) exited (%d seen exiting since the sidecar started)", pid, self._api_server_exits)
+        self._exited &= current
         tracked = [t for t in tracked if t.process.pid not in self._orphans]
         self._tracked = tracked  # processes that exited are gone with their state
         self.ignored = len(titled) - len(tracked)
@@ -269,7 +290,9 @@ class ProcessSource:
         start = time.perf_counter()
         timestamp = self.clock()
         now = time.monotonic()
-        if now - self._scanned_at >= RESCAN_SECONDS:
+        # While no API server is watched (vLLM not started yet, or between the restarts of a crash loop), every
+        # collection looks: a process that lives seconds is still seen.
+        if now - self._scanned_at >= RESCAN_SECONDS or not any(t.role == "api_server" for t in self._tracked):
             self._scan()
             self._scanned_at = now
         # Sampling reads each process' status anyway: a process gone or turned zombie (the API server included) shows
@@ -280,6 +303,11 @@ class ProcessSource:
             self._scanned_at = now
             samples, processes, _ = self._sample_all(now)
         meta = ProcessMeta(processes=processes, binding=self.binding, ignored_processes=self.ignored, runnable_tasks=_runnable_tasks())
+        if self.process_view is not None:
+            meta["process_view"] = self.process_view
+        samples[("process_exits_total", make_labels({"role": "api_server"}))] = float(self._api_server_exits)
+        if self._exit_times:
+            meta["api_server_exit_times"] = list(self._exit_times)
         orphans = [t for t in self._orphans.values() if _alive(t.process)]
         if orphans:
             meta["orphans"] = [OrphanEntry(pid=t.process.pid, role=t.role, title=t.title, status=_status(t.process)) for t in orphans]
@@ -328,6 +356,7 @@ class ProcessSource:
             status = proc.status()
             out[("process_stopped", labels)] = 1.0 if status in STOPPED_STATES else 0.0
             out[("process_resident_memory_bytes", labels)] = float(proc.memory_info().rss)
+            out[("process_start_time_seconds", labels)] = proc.create_time()
             if due:
                 self._sample_threads(tracked, now)
                 tracked.cpus_allowed = _cpus_allowed(proc)
@@ -442,6 +471,15 @@ def _listening_pids(port: int) -> set[int]:
     except (psutil.AccessDenied, OSError):
         return set()
     return {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+
+
+def _own_tree() -> set[int]:
+    """The sidecar's own process, its ancestors and its descendants (py-spy): what it sees even alone in its namespace."""
+    me = psutil.Process()
+    try:
+        return {me.pid, *(p.pid for p in me.parents()), *(c.pid for c in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
 
 
 def _parent_pid(pid: int) -> int | None:

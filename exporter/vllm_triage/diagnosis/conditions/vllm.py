@@ -17,19 +17,11 @@ def _vllm_unreachable(j: Judge) -> Term:
         return j.fact(None, "vLLM has not been scraped yet", "vllm_down_seconds")
     if not (scrape := j.health.get(VLLM_SOURCE)) or scrape.up is not False:
         return j.fact(False, "vLLM's last scrape succeeded", "vllm_down_seconds", down)
-    # A gap shorter than stale_after is ridden through (a slow scrape is no outage); a vLLM never read is
-    # an outage from the start.
+    # A gap shorter than stale_after is ridden through (a slow scrape is no outage); a vLLM never read is judged by
+    # what the host shows of its start.
     stale = j.signals.get("vllm_stale_after_seconds") or 0.0
-    never = scrape.last_success_timestamp is None
-    if never:
-        # A vLLM that never answered is loading its model (minutes; the chart's startup probe allows 30): it is starting,
-        # not down, until the startup grace has passed. A pod start or a rollout pages nobody.
-        grace = j.thresholds["startup_grace_seconds"]
-        term = j.compare("vllm_down_seconds", ">=", "startup_grace_seconds", "vLLM has not answered once since the sidecar started, for", " s")
-        if not term.holds:
-            j.note(f"starting: vLLM is loading (no answer yet); unreachable only after {grace:.0f} s without one (startup_grace_seconds)")
-        j.note(f"last error ({scrape.last_error_reason}): {scrape.last_error}")
-        return term
+    if scrape.last_success_timestamp is None:
+        return _never_answered(j, scrape.last_error_reason, scrape.last_error)
     limit = None if stale <= j.thresholds["down_seconds_min"] else stale
     term = j.compare("vllm_down_seconds", ">=", "down_seconds_min", "vLLM /metrics has been failing for", " s", limit=limit)
     if limit is not None:
@@ -40,6 +32,74 @@ def _vllm_unreachable(j: Judge) -> Term:
     return term
 
 
+def _never_answered(j: Judge, reason: str | None, error: str | None) -> Term:
+    """vLLM has not answered once since the sidecar started. Starting means loading, and that needs evidence: where the
+    sidecar sees vLLM's processes, an API server that runs (its port opens once the model is loaded) is starting for
+    up to startup_grace_seconds; one that keeps exiting is a crash loop at once, and none for not_started_seconds is an
+    outage (not started, exited, or serving another port). Without that view, the wait alone says starting, for
+    startup_grace_no_process_seconds."""
+    down = j.signals.get("vllm_down_seconds") or 0.0
+    exits = j.signals.get("host_api_server_exits_recent")
+    running = j.signals.get("host_api_server_running_seconds")
+    what = "vLLM has not answered once since the sidecar started, for"
+    if j.signals.get("host_process_view") != 1.0:
+        term = j.compare("vllm_down_seconds", ">=", "startup_grace_no_process_seconds", what, " s")
+        if term.holds:
+            j.cause = "unknown"
+            j.note("cause unknown: the sidecar sees no process beyond its own (is the process namespace shared? is the process source on?)")
+        else:
+            j.note(
+                f"starting? vLLM has not answered for {down:.0f} s; without a view of its processes that counts as starting for "
+                f"{j.thresholds['startup_grace_no_process_seconds']:.0f} s (startup_grace_no_process_seconds)"
+            )
+    elif exits is not None and exits >= j.thresholds["crash_loop_exits_min"]:
+        term = j.compare("host_api_server_exits_recent", ">=", "crash_loop_exits_min", "vLLM API server processes that exited in the last 10 minutes")
+        _crash_loop(j, exits)
+    elif running is not None:
+        term = j.compare("vllm_down_seconds", ">=", "startup_grace_seconds", what, " s")
+        if term.holds:
+            _unreachable_cause(j, reason)
+        else:
+            j.note(
+                f"starting: vLLM is loading: its API server has run {running:.0f} s and its port does not answer yet; unreachable after "
+                f"{j.thresholds['startup_grace_seconds']:.0f} s without an answer (startup_grace_seconds)",
+                "host_api_server_running_seconds",
+                running,
+            )
+    else:
+        term = j.compare("vllm_down_seconds", ">=", "not_started_seconds", "no vLLM API server runs and nothing has answered, for", " s")
+        ignored = j.signals.get("host_vllm_processes_ignored") or 0.0
+        gone = j.signals.get("host_api_server_gone_seconds")
+        if not term.holds:
+            j.note(f"starting? no vLLM API server process yet; not started after {j.thresholds['not_started_seconds']:.0f} s (not_started_seconds)")
+        elif ignored:
+            j.cause = "not_listening"
+            j.note(
+                f"cause not_listening: {ignored:.0f} vLLM process(es) run, started for another port than the scraped one: is vllm_url "
+                "the port vLLM listens on?",
+                "host_vllm_processes_ignored",
+                ignored,
+            )
+        elif gone is not None:
+            j.cause = "process_gone"
+            j.note(f"cause process_gone: vLLM's API server exited {gone:.0f} s ago before it answered once", "host_api_server_gone_seconds", gone)
+        else:
+            j.cause = "not_started"
+            j.note("cause not_started: no vLLM process has run since the sidecar started (the container's command, its image, its scheduling)")
+    j.note(f"last error ({reason}): {error}")
+    return term
+
+
+def _crash_loop(j: Judge, exits: float) -> None:
+    j.cause = "crash_loop"
+    j.note(
+        f"cause crash_loop: {exits:.0f} vLLM API server processes exited in the last 10 minutes: it starts and dies (a bad model path or "
+        "argument, out of GPU memory at load, a CUDA error)",
+        "host_api_server_exits_recent",
+        exits,
+    )
+
+
 # Something answers on vLLM's port, but not with a page the sidecar can read: vLLM (or a proxy) is up.
 PAGE_REASONS = ("http_status", "too_large", "too_many_series", "truncated", "parse", "no_vllm_metrics")
 
@@ -47,6 +107,7 @@ PAGE_REASONS = ("http_status", "too_large", "too_many_series", "truncated", "par
 def _unreachable_cause(j: Judge, reason: str | None) -> None:
     """Why /metrics fails, from the failure itself and what the host sees of the API server process."""
     stopped, gone = j.signals.get("host_api_server_stopped"), j.signals.get("host_api_server_gone_seconds")
+    exits = j.signals.get("host_api_server_exits_recent")
     if reason in PAGE_REASONS:
         j.cause = "page_unusable"
         j.note("cause page_unusable: something answers on vLLM's port, but not with a /metrics page the sidecar can read")
@@ -63,6 +124,8 @@ def _unreachable_cause(j: Judge, reason: str | None) -> None:
     elif stopped == 0.0:
         j.cause = "not_listening"
         j.note("cause not_listening: the API server process runs but nothing accepts on the scraped address", "host_api_server_stopped", stopped)
+    elif exits is not None and exits >= j.thresholds["crash_loop_exits_min"]:
+        _crash_loop(j, exits)
     elif gone is not None:
         j.cause = "process_gone"
         j.note(f"cause process_gone: the API server process was last seen {gone:.0f} s ago", "host_api_server_gone_seconds", gone)
@@ -92,12 +155,25 @@ VLLM_UNREACHABLE = Condition(
         "cause=not_answering: the API server's event loop is blocked: the stack dump /diagnosis attaches (stack_dumps), or "
         "`py-spy dump --pid <API server pid>`, shows where; restart the pod.",
         "cause=not_listening: the process runs but refuses connections: is vllm_url the port vLLM listens on?",
+        "cause=crash_loop: vLLM starts and dies: read the vLLM container's previous log (kubectl logs --previous) for the error: a "
+        "model path or argument, CUDA out of memory at load (lower --gpu-memory-utilization, or a process that outlived the last run).",
+        "cause=not_started: no vLLM process has run: check the vLLM container's state (kubectl describe pod: image pull, command, "
+        "scheduling) and that the pod shares its process namespace with the sidecar.",
         "cause=page_unusable, last error too_large, too_many_series or too_many_engines: vLLM is up but its page is not; find the "
         "exploding label, or raise max_page_bytes, max_series or max_engines (and the sidecar's memory limit).",
     ),
     predicate=_vllm_unreachable,
-    reads=("vllm_down_seconds", "vllm_stale_after_seconds", "host_api_server_stopped", "host_api_server_gone_seconds"),
-    causes=("process_gone", "process_stopped", "not_answering", "not_listening", "page_unusable", "unknown"),
+    reads=(
+        "vllm_down_seconds",
+        "vllm_stale_after_seconds",
+        "host_api_server_stopped",
+        "host_api_server_gone_seconds",
+        "host_api_server_exits_recent",
+        "host_api_server_running_seconds",
+        "host_process_view",
+        "host_vllm_processes_ignored",
+    ),
+    causes=("process_gone", "crash_loop", "not_started", "process_stopped", "not_answering", "not_listening", "page_unusable", "unknown"),
     stack_dump_role="api_server",
     stack_dump_causes=("not_answering",),
     thresholds=(
@@ -105,7 +181,26 @@ VLLM_UNREACHABLE = Condition(
         Threshold(
             "startup_grace_seconds",
             1800.0,
-            "before vLLM's first answer: seconds without one after which it is unreachable, not starting (the chart's vllm.startupSeconds)",
+            "before vLLM's first answer, while its API server process runs (loading): seconds without an answer after which it is "
+            "unreachable, not starting (the chart's vllm.startupSeconds)",
+        ),
+        Threshold(
+            "not_started_seconds",
+            150.0,
+            "before vLLM's first answer, where the sidecar sees vLLM's processes: seconds with no API server process after which it is "
+            "unreachable (not_started), not starting",
+        ),
+        Threshold(
+            "crash_loop_exits_min",
+            2.0,
+            "API server processes seen exiting within 10 minutes at or above which vLLM is unreachable (crash_loop), not starting",
+            minimum=1.0,
+        ),
+        Threshold(
+            "startup_grace_no_process_seconds",
+            600.0,
+            "before vLLM's first answer, where the sidecar sees no process beyond its own (no shared process namespace, or the "
+            "process source off): seconds without an answer after which it is unreachable, not starting",
         ),
     ),
     for_seconds=15,
@@ -489,7 +584,7 @@ def _queue_backlog(j: Judge) -> Term:
                 usage,
             )
             _advise_capacity(j)
-        elif (limit := _gpu_limit(j, "gpu_compute")) is not None:
+        elif (limit := _gpu_limit(j, "gpu_compute")) is not None and not _budget_before_compute(j):
             j.cause = "gpu_compute"
             j.note(f"cause gpu_compute: {limit}: the GPU computes at its limit while requests wait; more sequences or tokens per step add no FLOPs")
             _advise_replicas(j, "the GPU's compute")
@@ -545,6 +640,15 @@ def _queue_backlog(j: Judge) -> Term:
             j.cause = "unknown"
             j.note("no clear bottleneck: " + _ruled_out(j))
     return backlog
+
+
+def _budget_before_compute(j: Judge) -> bool:
+    """Steps pinned at --max-num-batched-tokens while the tensor cores have compute to spare: the budget limits each step
+    before the GPU does (bigger steps run the GEMMs more efficiently). Measured on the H200's 70B-shaped layers: tensor
+    activity 0.58-0.62 at 256-token steps, 0.82 at 8,192-token steps at the compute limit."""
+    full = j.signals.get("tokens_per_step_to_budget_ratio")
+    tensor = j.signals.get("gpu_tensor_active_ratio_mean")
+    return full is not None and full >= j.thresholds["budget_ratio_for_cause"] and (tensor is None or tensor < j.thresholds["budget_tensor_saturated_min"])
 
 
 # Where the GPU layer explains a queue or a slow step (queue_backlog's and itl_high's gpu_compute and gpu_bandwidth causes).
@@ -666,6 +770,13 @@ QUEUE_BACKLOG = Condition(
         ),
         *GPU_LIMIT_THRESHOLDS,
         Threshold("budget_ratio_for_cause", 0.85, "cause token_budget when mean tokens per step / --max-num-batched-tokens is at or above this", 0.0, 1.0),
+        Threshold(
+            "budget_tensor_saturated_min",
+            0.75,
+            "steps at the token budget are its cause before the GPU's compute unless tensor-core activity is at or above this",
+            0.0,
+            1.0,
+        ),
         Threshold(
             "kernel_resident_max",
             0.5,
