@@ -43,15 +43,18 @@ VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS
 OPEN_PATHS = ("/healthz", "/engine-liveness")  # probes: the kubelet brings no password
 
 
+# Every password is checked: a lockout that refuses without a check would refuse Prometheus' right password too
+# whenever a guesser shares its user name and address (every client is 127.0.0.1 behind a mesh proxy or a
+# port-forward). Guessing is slowed instead. A (user, address) with FAILURES_MAX failures within FAILURE_WINDOW_SECONDS
+# is checked on a lane of its own, paced to one check per SUSPECT_CHECK_SECONDS, so a guesser's backlog never delays
+# the checks of anyone else: clean keys, and every new start's first scrape, run on the first lane. Both lanes queue at
+# most what the connection cap lets in. Verified credentials (Prometheus every scrape) are cached and need no check.
 _BCRYPT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
-# Guessing is throttled before bcrypt runs: at most this many checks wait for the bcrypt thread (~50 ms each: a
-# burst of guesses would otherwise queue for minutes), and a client that failed FAILURES_MAX times within
-# LOCKOUT_SECONDS is answered 429 for LOCKOUT_SECONDS without a check. Verified credentials (Prometheus every
-# scrape) skip both: they are cached.
-PENDING_CHECKS_MAX = 8
+_BCRYPT_SUSPECT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt-suspect")
 FAILURES_MAX = 10
-LOCKOUT_SECONDS = 60.0
-CLIENTS_TRACKED_MAX = 4096  # failing clients remembered; the oldest are forgotten first
+FAILURE_WINDOW_SECONDS = 60.0
+SUSPECT_CHECK_SECONDS = 0.25  # ~50 ms of bcrypt and the rest idle: a guesser gets 4 checks a second and a fifth of a core
+KEYS_TRACKED_MAX = 4096  # failing (user, address) keys remembered; the oldest are forgotten first
 
 
 def _check(password: bytes, hashed: bytes) -> bool:
@@ -64,6 +67,13 @@ def _check(password: bytes, hashed: bytes) -> bool:
         return False
 
 
+def _paced_check(password: bytes, hashed: bytes) -> bool:
+    started = time.monotonic()
+    result = _check(password, hashed)
+    time.sleep(max(0.0, SUSPECT_CHECK_SECONDS - (time.monotonic() - started)))
+    return result
+
+
 @dataclass
 class WebConfig:
     ssl_context: ssl.SSLContext | None
@@ -72,8 +82,7 @@ class WebConfig:
     files: tuple[Path, ...] = ()  # the files it names (certificate, key, client CA)
     _fingerprint: bytes = b""
     _verified: set[tuple[str, bytes]] = field(default_factory=set)  # bcrypt costs ~50 ms: a scrape every 15 s would pay it each time
-    _pending: int = 0  # checks waiting for or running on the bcrypt thread
-    _failures: dict[str, list[float]] = field(default_factory=dict)  # client address -> times of its recent failures (monotonic)
+    _failures: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (user, address) -> its recent failures (monotonic)
 
     def refresh(self) -> str | None:
         """Re-read the web config and the files it names when any changed, as exporter-toolkit does: a rotated
@@ -98,13 +107,15 @@ class WebConfig:
                 self.ssl_context.load_verify_locations(ca_file)
             self.ssl_context.verify_mode = fresh.ssl_context.verify_mode
             self.ssl_context.minimum_version, self.ssl_context.maximum_version = fresh.ssl_context.minimum_version, fresh.ssl_context.maximum_version
-        self.users, self.files, self._verified = fresh.users, fresh.files, set()
+        # credentials verified against a hash that did not change stay verified: Prometheus needs no new check after an edit
+        self._verified = {(user, digest) for user, digest in self._verified if fresh.users.get(user) == self.users.get(user)}
+        self.users, self.files = fresh.users, fresh.files
         self._fingerprint = _fingerprint(self.file, self.files)
         return f"web config {self.file} changed: applied (certificate, users)"
 
     async def check(self, header: str | None, client: str = "") -> int:
-        """200 when the request may pass, 401 for no or wrong credentials, 429 while `client` is locked out after
-        repeated failures or too many checks already wait."""
+        """200 when the request may pass, 401 for no or wrong credentials. A password that verifies always passes: a
+        (user, address) that keeps failing is only checked more slowly, on a lane of its own."""
         if not self.users:
             return 200
         if not header or not header.startswith("Basic "):
@@ -114,29 +125,24 @@ class WebConfig:
         except (ValueError, UnicodeDecodeError):
             return 401
         hashed = self.users.get(user)
-        key = (user, hashlib.sha256(password.encode()).digest())
-        if hashed is not None and key in self._verified:
+        digest = hashlib.sha256(password.encode()).digest()
+        if hashed is not None and (user, digest) in self._verified:
             return 200
         now = time.monotonic()
-        recent = [t for t in self._failures.get(client, []) if now - t < LOCKOUT_SECONDS]
-        if len(recent) >= FAILURES_MAX or self._pending >= PENDING_CHECKS_MAX:
-            return 429
+        key = (user, client)
+        recent = [t for t in self._failures.get(key, []) if now - t < FAILURE_WINDOW_SECONDS]
+        lane, check = (_BCRYPT_SUSPECT, _paced_check) if len(recent) >= FAILURES_MAX else (_BCRYPT, _check)
         # An unknown user costs a bcrypt check too (as exporter-toolkit does): the answer's time does not tell which
-        # user names exist. One thread for every check: a brute force takes one core at most, and never the
-        # default executor that parses vLLM's page.
-        self._pending += 1
-        try:
-            reference = hashed or self.users[next(iter(self.users))]
-            known = await asyncio.get_running_loop().run_in_executor(_BCRYPT, _check, password.encode(), reference)
-        finally:
-            self._pending -= 1
+        # user names exist. Never the default executor, which parses vLLM's page.
+        reference = hashed or self.users[next(iter(self.users))]
+        known = await asyncio.get_running_loop().run_in_executor(lane, check, password.encode(), reference)
         if known and hashed is not None:
-            self._verified.add(key)
-            self._failures.pop(client, None)
+            self._verified.add((user, digest))
+            self._failures.pop(key, None)
             return 200
-        self._failures.pop(client, None)  # re-inserted last: the dict's order is the forgetting order
-        self._failures[client] = [*recent, now]
-        while len(self._failures) > CLIENTS_TRACKED_MAX:
+        self._failures.pop(key, None)  # re-inserted last: the dict's order is the forgetting order
+        self._failures[key] = [*recent, now][-FAILURES_MAX:]
+        while len(self._failures) > KEYS_TRACKED_MAX:
             del self._failures[next(iter(self._failures))]
         return 401
 
@@ -145,11 +151,8 @@ class WebConfig:
         async def basic_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
             if request.path in OPEN_PATHS:
                 return await handler(request)
-            status = await self.check(request.headers.get("Authorization"), request.remote or "")
-            if status == 200:
+            if await self.check(request.headers.get("Authorization"), request.remote or "") == 200:
                 return await handler(request)
-            if status == 429:
-                return web.Response(status=429, text="Too many failed authentications: retry later\n", headers={"Retry-After": f"{LOCKOUT_SECONDS:.0f}"})
             return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="vllm-triage"'})
 
         return basic_auth

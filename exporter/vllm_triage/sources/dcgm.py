@@ -65,8 +65,12 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
     samples: dict[SeriesKey, float] = {}
     gpus: dict[str, GpuEntry] = {}
     memory: dict[str, float] = {}
-    for name, labels, value in series:
+    for name, labels, raw in series:
         index = labels.get("gpu")
+        try:
+            value = float(raw)  # the parser may hand a 400-digit integer through as an int
+        except OverflowError:
+            continue
         # a GPU index is ASCII digits (str.isdigit also takes "²", which int() refuses), of a sane length
         if index is None or not (index.isascii() and index.isdigit() and len(index) <= MAX_GPU_INDEX_DIGITS) or not math.isfinite(value) or _blank(value):
             continue
@@ -90,7 +94,8 @@ def dcgm_readings(series: Iterable[tuple[str, dict[str, str], float]]) -> tuple[
         samples[("gpu_memory_total_bytes", make_labels({"gpu": index, "uuid": gpus[index]["uuid"]}))] = mebibytes * 1024 * 1024
     for index, gpu in gpus.items():
         samples[("gpu_gpm_supported", make_labels({"gpu": index, "uuid": gpu["uuid"]}))] = 1.0 if gpu["gpm"] else 0.0
-    return samples, sorted(gpus.values(), key=lambda g: str(g["gpu"]))
+    # a value that overflows once scaled (a clock of 1e303 MHz, memory parts summing past 1e308) is no reading
+    return {key: v for key, v in samples.items() if math.isfinite(v)}, sorted(gpus.values(), key=lambda g: str(g["gpu"]))
 
 
 class DcgmSource:
