@@ -12,12 +12,28 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools browser-tools bench fuzz scenarios generate clean
+.PHONY: run test test-fast test-vllm test-rest lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools browser-tools bench fuzz scenarios generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
 
-test: lint typecheck unit rules integration
+# Two lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock): the
+# tests that drive real vLLMs, one after another since their verdicts are timed, and the rest (the unit tests, the
+# image and compose stack, and the replayed paging test, which mostly waits on its 10-times-faster clock).
+test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-tools docker-tools browser-tools
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-rest
+
+# lint, types and the unit tests: the loop while changing code
+test-fast: lint typecheck unit
+
+# The integration tests no real vLLM of their own drives (test-rest runs them).
+NOT_VLLM := tests/integration/test_image.py tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
+
+test-vllm:
+	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(NOT_VLLM))
+
+test-rest:
+	$(BIN)/pytest -q -rA --durations=8 tests/unit $(NOT_VLLM)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
