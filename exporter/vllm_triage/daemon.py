@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import gc
 import logging
+import math
 import signal
 import sys
 import time
@@ -24,7 +26,7 @@ from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
-from .pipeline import Pipeline, replay
+from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources, every, start_sources
 from .server import PROBE_PATHS, make_app, probe_answer, serve
 from .sources.gil import dump_stacks
@@ -88,6 +90,9 @@ class Daemon:
         self._dumping: asyncio.Task[None] | None = None
         self._page_lock = asyncio.Lock()
         self._page: tuple[Snapshot | None, bytes] | None = None  # the incident page and the snapshot it was made at
+        # The snapshots this sidecar served over the store's horizon: the incident page shows the verdicts as they were
+        # given (onsets at their `since`, outages, conditions whose `for` is longer than the window), not judged again.
+        self.history: collections.deque[Snapshot] = collections.deque(maxlen=math.ceil(self.pipeline.store.horizon_seconds / config.tick_seconds) + 1)
 
     # --- outlets (read by server.py) ---
     async def metrics_body(self, openmetrics: bool) -> bytes:
@@ -98,15 +103,18 @@ class Daemon:
         return body
 
     async def report_page(self) -> bytes:
-        """The incident page of the in-memory window: its readings judged again from the start (off the loop and off the
-        pipeline thread, one at a time), made once per tick however often it is asked for."""
+        """The incident page of the in-memory window: its readings plotted under the verdicts this sidecar gave at each
+        tick (off the loop and off the pipeline thread, one at a time), made once per tick however often it is asked
+        for. During a reload the last page made is served."""
         async with self._page_lock:
             snapshot = self.snapshot
             if self._page is None or self._page[0] is not snapshot:
-                readings = await self._in_pipeline(self.pipeline.store.readings)
-                page = await asyncio.to_thread(
-                    _incident_page, readings, self.config, f"vllm-triage: {self.target}, its last {self.pipeline.store.horizon_seconds:.0f} s"
-                )
+                try:
+                    readings = await self._in_pipeline(self.pipeline.store.readings)
+                except RuntimeError:  # the pipeline thread is shut down: this daemon is being replaced by a reload
+                    return self._page[1] if self._page else b"<!DOCTYPE html>\n<p>Reloading the configuration: ask again.</p>\n"
+                title = f"vllm-triage: {self.target}, its last {self.pipeline.store.horizon_seconds:.0f} s"
+                page = await asyncio.to_thread(_incident_page, readings, list(self.history), title)
                 self._page = (snapshot, page)
             return self._page[1]
 
@@ -132,6 +140,7 @@ class Daemon:
             log.info("first evaluation done: ready")
         self._log_transitions(self.snapshot, snapshot)
         self.snapshot = snapshot
+        self.history.append(snapshot)
         return snapshot
 
     @staticmethod
@@ -283,6 +292,7 @@ class Daemon:
             # and is judged with the new settings from the next tick; its stack dump is not taken twice.
             self.pipeline.engine.take_state(before.pipeline.engine)
             self.stack_dumps, self._dumped_for = before.stack_dumps, before._dumped_for
+            self.history.extend(before.history)
         if before.snapshot is not None:
             self.snapshot = before.snapshot
             self.exposition.update(before.snapshot)
@@ -295,9 +305,7 @@ def _wants_stacks(condition: Condition, cause: str | None) -> bool:
     return condition.stack_dump_role is not None and (not condition.stack_dump_causes or cause in condition.stack_dump_causes)
 
 
-def _incident_page(readings: list[Reading], config: Config, title: str) -> bytes:
-    snapshots: list[Snapshot] = []
-    replay(readings, dataclasses.replace(config, demo=False), snapshots.append)
+def _incident_page(readings: list[Reading], snapshots: list[Snapshot], title: str) -> bytes:
     return html_report.render(readings, snapshots, title).encode() if snapshots else b"<!DOCTYPE html>\n<p>No readings yet.</p>\n"
 
 

@@ -370,3 +370,28 @@ def test_a_reload_keeps_each_verdict_where_it_stood():
     assert {v.condition: v.since for v in snapshot.verdicts if v.active} == active
     assert snapshot.primary == before.snapshot.primary
     assert snapshot.evaluations == before.snapshot.evaluations + 1
+
+
+def test_the_live_incident_page_shows_the_verdicts_as_the_sidecar_gave_them_outage_included():
+    """The live /report.html once judged its window again from the successful scrapes only: during an outage it said
+    no verdict was active, and its onsets came late. It now draws the snapshots the sidecar served: vllm_unreachable
+    is a band, and each band starts at the `since` /diagnosis gave."""
+    from vllm_triage import html_report
+
+    daemon = saturated_daemon()  # 80 s of a saturated vLLM
+    clock = daemon.clock
+    start = clock()
+    for i in range(1, 31):  # then 60 s of failed scrapes
+        now = start + 2.0 * i
+        daemon.clock = lambda now=now: now
+        daemon.ingest(failed(now))
+        daemon.tick()
+    last = daemon.snapshot
+    assert last is not None
+    unreachable = next(v for v in last.verdicts if v.condition == "vllm_unreachable")
+    assert unreachable.active
+    ((status, _, body),) = serve_and_get(daemon, [("/report.html", {})])
+    lanes = set(re.findall(rb'class="lane" text-anchor="end">([a-z_]+)<', body))
+    assert status == 200 and b"vllm_unreachable" in lanes, lanes
+    spans = {s.condition: s for s in html_report.spans(list(daemon.history))}
+    assert spans["vllm_unreachable"].start == unreachable.since
