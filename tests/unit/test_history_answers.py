@@ -110,4 +110,63 @@ def test_a_redirect_loop_and_a_slow_drip_are_named_not_left_blank():
         return response
 
     said = asyncio.run(_said_by(drip, HistoryLimits(timeout_seconds=1.0)))
-    assert said.endswith("did not answer: no answer before the timeout (it accepted the connection, then sent nothing, or too slowly)"), said
+    assert said.endswith("did not answer every query within 1 s: ask for a shorter range or a larger --step"), said
+
+
+def test_points_and_series_are_counted_before_the_answer_is_decoded():
+    """An answer of far more points than steps asked for (once 2.4M points for 61 steps: 1.26 GB), more series than the
+    limit (1.3M empty series: 1.35 GB), or a history over the command's point budget is refused from its bytes."""
+    flood = matrix({"metric": GOOD, "values": [[1796000000 + i, "1"] for i in range(5000)]})  # 31 steps asked
+    assert ask(flood).startswith("Prometheus answered 5000 points for 1 series of 31 steps: not an answer"), ask(flood)
+    empty = matrix(*({"metric": {**GOOD, "engine": str(i)}, "values": []} for i in range(3000)))
+    assert ask(empty, HistoryLimits(max_series=2000)).startswith("3000 series match, over max 2000"), ask(empty, HistoryLimits(max_series=2000))
+    full = matrix(*({"metric": {**GOOD, "engine": str(i)}, "values": [[1796000000 + 2 * k, "1"] for k in range(31)]} for i in range(40)))
+    said = ask(full, HistoryLimits(max_points=1000))  # 1,240 points in the first answer alone
+    assert said.startswith("the history holds over 1000 points: use a larger --step or a shorter range"), said
+
+
+def test_one_deadline_holds_for_every_query_of_the_command():
+    """Four queries of a slow Prometheus each once had their own 60 s (250 s in all): one deadline now holds for them."""
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.4)
+        return web.json_response(matrix())
+
+    said = asyncio.run(_said_by(slow, HistoryLimits(timeout_seconds=1.0)))  # the four queries need 1.6 s
+    assert said.endswith("did not answer every query within 1 s: ask for a shorter range or a larger --step"), said
+
+
+def list_said(body: bytes, max_bytes: int = 1024, limit: int = 50) -> str:
+    """What fleet's server list says of a Prometheus whose instant query answers `body`."""
+    from vllm_triage.sources.prometheus import list_servers
+
+    async def query(_: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    async def said(url: str) -> str:
+        try:
+            await list_servers(url, "", 1796000000.0, limit, max_bytes=max_bytes)
+        except HistoryError as error:
+            return str(error)
+        return ""
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", query)
+    return asyncio.run(serving(app, said))
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"status": "success", "data": {"result": [{"no metric": 1}]}}, "not a query's vector"),  # once KeyError 'metric'
+        ({"status": "success"}, "not a query's vector"),  # once KeyError 'data'
+        (b"[" * 10, "not its JSON API"),
+        ({"status": "success", "data": {"result": [{"metric": GOOD}] * 60}}, "over 50 vLLM servers match"),
+        ({"status": "success", "data": {"result": [{"metric": {**GOOD, "pod": "x" * 2**21}}]}}, "list of servers is over 1 MiB"),
+    ],
+)
+def test_fleets_server_list_is_bounded_and_checked_for_shape(answer, says):
+    """fleet read its list whole (a 300 MB list: 2.95 GB) and raised KeyError on a list of the wrong shape."""
+    body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+    said = list_said(body, max_bytes=2**20)
+    assert says in said, said

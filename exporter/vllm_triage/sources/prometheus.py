@@ -10,6 +10,7 @@ of two pods would be mixed into one.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -41,9 +42,22 @@ class HistoryError(Exception):
 class HistoryLimits:
     step_seconds: float = 2.0
     max_series: int = 20_000
-    max_points: int = 5_000_000  # series x steps over both queries
+    # points over every query of one command: ~150 bytes each once decoded, so 1M points stay near 150 MB (an hour of one
+    # server at 2 s steps is ~0.6M); counted in the answer's bytes before it is decoded (a 63 MB answer of 2.4M points
+    # took the CLI to 1.26 GB)
+    max_points: int = 1_000_000
     max_answer_bytes: int = 64 * 1024 * 1024  # read before it is parsed: a 100 MB answer took the CLI past 1 GB
-    timeout_seconds: float = 60.0
+    timeout_seconds: float = 60.0  # for the whole command, every query together
+
+
+ANSWER_LISTS_MAX = 64  # lists an answer may hold besides its series' points (warnings, infos)
+
+
+def _count_before_decoding(body: bytes) -> tuple[int, int]:
+    """(series, points) an answer holds, from its bytes: each series has one "metric" key, each point opens one '['
+    (labels are JSON strings, where a '[' would only add to the count: an answer can only seem larger)."""
+    series = body.count(b'"metric"')
+    return series, max(0, body.count(b"[") - series - 1)
 
 
 def _vllm_names() -> list[str]:
@@ -81,18 +95,31 @@ def _query(names_regex: str, matchers: str) -> str:
     return "{" + inner + "}"
 
 
-async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: float = 60.0) -> list[dict[str, str]]:
-    """The vLLM servers (namespace, pod, instance, model_name) the matchers pick at `at`, at most `limit`."""
+async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: float = 60.0, max_bytes: int = 8 * 2**20) -> list[dict[str, str]]:
+    """The vLLM servers (namespace, pod, instance, model_name) the matchers pick at `at`, at most `limit`; the answer is
+    read to `max_bytes` at most and checked for shape (a 300 MB list once took `fleet` to 2.95 GB)."""
     query = "count by (namespace, pod, instance, model_name) ({" + ",".join(filter(None, ['__name__="vllm:num_requests_running"', matchers])) + "})"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         try:
             async with session.post(f"{url.rstrip('/')}/api/v1/query", data={"query": query, "time": f"{at:.3f}"}) as response:
-                payload = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                body = await read_bounded(response.content, max_bytes)
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise HistoryError(f"Prometheus at {redact_url(url)} did not answer: {http_failure(error)}") from None
+    if body is None:
+        raise HistoryError(f"Prometheus' list of servers is over {max_bytes // 2**20} MiB: narrow --selector (a namespace, a model)")
+    if _count_before_decoding(body)[0] > limit:
+        raise HistoryError(f"over {limit} vLLM servers match: narrow --selector (a namespace, a model)")
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise HistoryError(f"Prometheus at {redact_url(url)} answered something that is not its JSON API") from None
     if not isinstance(payload, dict) or payload.get("status") != "success":
-        raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {payload.get('error') if isinstance(payload, dict) else payload}")
-    found = [s["metric"] for s in payload["data"]["result"]]
+        said = payload.get("error") if isinstance(payload, dict) else payload
+        raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {str(said)[:300]}")
+    result = payload.get("data", {}).get("result") if isinstance(payload.get("data"), dict) else None
+    if not isinstance(result, list) or not all(isinstance(s, dict) and isinstance(s.get("metric"), dict) for s in result):
+        raise HistoryError(f"Prometheus at {redact_url(url)} answered in a shape that is not a query's vector (data.result: series of metric)")
+    found = [{str(k): str(v) for k, v in s["metric"].items()} for s in result]
     if not found:
         raise HistoryError(f"no vLLM server (vllm:num_requests_running) matching {{{matchers}}} in Prometheus at {redact_url(url)} at {at:.0f}")
     if len(found) > limit:
@@ -125,16 +152,26 @@ class PrometheusHistory:
         self.limits = limits or HistoryLimits()
         self.max_num_seqs: int | None = None  # in force where a sidecar ran (its vllm_triage_vllm_max_num_seqs)
         self.notes: list[str] = []  # what the history lacks, for the person who asked
+        self._points_left = self.limits.max_points  # of the command's point budget
 
     async def readings(self, start: float, end: float) -> list[Reading]:
-        """The Readings of vLLM and of the sidecar's exported sources at each step from start to end."""
+        """The Readings of vLLM and of the sidecar's exported sources at each step from start to end, within one
+        deadline for every query together (a slow Prometheus once took four full timeouts)."""
+        try:
+            return await asyncio.wait_for(self._readings(start, end), self.limits.timeout_seconds)
+        except asyncio.TimeoutError:  # TimeoutError itself from 3.11
+            took = f"{self.limits.timeout_seconds:g} s"
+            asked = "ask for a shorter range or a larger --step"
+            raise HistoryError(f"Prometheus at {redact_url(self.url)} did not answer every query within {took}: {asked}") from None
+
+    async def _readings(self, start: float, end: float) -> list[Reading]:
         steps = math.floor((end - start) / self.limits.step_seconds) + 1
         if steps > MAX_POINTS_PER_SERIES:
             raise HistoryError(
                 f"{steps} steps of {self.limits.step_seconds:g} s: over Prometheus' {MAX_POINTS_PER_SERIES}; use a larger --step or a shorter range"
             )
-        timeout = aiohttp.ClientTimeout(total=self.limits.timeout_seconds)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        self._points_left = self.limits.max_points
+        async with aiohttp.ClientSession() as session:
             vllm = await self._range(session, _query("|".join(re.escape(n) for n in _vllm_names()), self.matchers), start, end, steps)
             sidecar = await self._range(session, _query(f"{SIDECAR_PREFIX}(gpu|process|gil)_.+", self.matchers), start, end, steps)
             seqs = await self._range(session, _query(f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers), start, end, steps)
@@ -187,6 +224,14 @@ class PrometheusHistory:
         if body is None:
             limit = self.limits.max_answer_bytes // (1024 * 1024)
             raise HistoryError(f"Prometheus' answer is over {limit} MiB: narrow --selector to one server, use a larger --step or a shorter range")
+        series, points = _count_before_decoding(body)
+        if series > self.limits.max_series:
+            raise HistoryError(f"{series} series match, over max {self.limits.max_series}: narrow --selector to one server")
+        if points > series * steps + ANSWER_LISTS_MAX:
+            raise HistoryError(f"Prometheus answered {points} points for {series} series of {steps} steps: not an answer to the query asked")
+        if points > self._points_left:
+            raise HistoryError(f"the history holds over {self.limits.max_points} points: use a larger --step or a shorter range")
+        self._points_left -= points
         try:
             payload = json.loads(body)
         except ValueError:
@@ -201,12 +246,7 @@ class PrometheusHistory:
             raise HistoryError(
                 f"Prometheus at {redact_url(self.url)} answered in a shape that is not a query_range matrix (data.result: series of metric and values)"
             )
-        result = [clean for series in result if (clean := _clean_series(series)) is not None]
-        if len(result) > self.limits.max_series:
-            raise HistoryError(f"{len(result)} series match, over max {self.limits.max_series}: narrow --selector to one server")
-        if len(result) * steps > self.limits.max_points:
-            raise HistoryError(f"{len(result)} series x {steps} steps is over {self.limits.max_points} points: use a larger --step or a shorter range")
-        return list(result)
+        return [clean for series in result if (clean := _clean_series(series)) is not None]
 
     @staticmethod
     def _one_server(series: list[dict[str, Any]]) -> None:
