@@ -15,7 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from .model import Reading
+from .config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
+from .model import VLLM_SOURCE, Reading
+from .scope import parse_scope, scope_of
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,20 @@ def read_description(path: str | Path) -> dict[str, Any]:
         return _header(handle, path)
 
 
-def read_readings(path: str | Path) -> Iterator[Reading]:
-    """The Readings of a capture in timestamp order (stable for equal timestamps)."""
+def _over_live_limits(reading: Reading, max_series: int, max_engines: int) -> str | None:
+    """What a reading holds past the live path's limits (a page the vLLM source would have refused), else None."""
+    if len(reading.samples) > max_series:
+        return f"{len(reading.samples)} series, over max_series {max_series}"
+    if reading.source == VLLM_SOURCE:
+        engines = {scope for _, labels in reading.samples if parse_scope(scope := scope_of(labels)).kind == "engine"}
+        if len(engines) > max_engines:
+            return f"{len(engines)} vLLM engines, over max_engines {max_engines}"
+    return None
+
+
+def read_readings(path: str | Path, max_series: int = DEFAULT_MAX_SERIES, max_engines: int = DEFAULT_MAX_ENGINES) -> Iterator[Reading]:
+    """The Readings of a capture in timestamp order (stable for equal timestamps), each within the live path's series
+    and engine limits (a crafted 5,000-engine capture once took 588 MB)."""
     readings = []
     with _open(path) as handle:
         _header(handle, path)
@@ -99,7 +113,10 @@ def read_readings(path: str | Path) -> Iterator[Reading]:
                 if len(line) > MAX_LINE_CHARS:
                     raise CaptureError(f"{path} line {number} is over {MAX_LINE_CHARS // 2**20} MiB decompressed: not a reading this sidecar wrote")
                 if line.strip():
-                    readings.append(Reading.from_json(json.loads(line)))
+                    reading = Reading.from_json(json.loads(line))
+                    if (over := _over_live_limits(reading, max_series, max_engines)) is not None:
+                        raise CaptureError(f"{path} line {number}: a {reading.source} reading of {over}: raise the limit to replay it")
+                    readings.append(reading)
         except CaptureError:
             raise
         except (*_CORRUPT, EOFError) as exc:

@@ -299,7 +299,7 @@ def _diagnose(args: argparse.Namespace, config: Config) -> int:
     if args.seconds is None:
         args.seconds = 30.0
     if args.capture:
-        readings = list(read_readings(_capture_path(args.capture)))
+        readings = list(read_readings(_capture_path(args.capture), config.max_series, config.max_engines))
         if not readings:
             print(f"{args.capture}: the capture has no readings", file=sys.stderr)
             return 2
@@ -347,7 +347,7 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
             return 2
         readings, config = _history(args, config, args.start, args.end or time.time())
     elif args.capture:
-        readings = list(read_readings(_capture_path(args.capture)))
+        readings = list(read_readings(_capture_path(args.capture), config.max_series, config.max_engines))
     else:
         print("vllm-triage: replay needs a capture file or --prometheus URL --from WHEN", file=sys.stderr)
         return 2

@@ -75,7 +75,7 @@ class Daemon:
         self.demo_readings: list[Reading] = []
         if config.demo:  # judged as a capture: its sources are the ones it holds
             self.demo_capture = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
-            self.demo_readings = list(read_readings(self.demo_capture))
+            self.demo_readings = list(read_readings(self.demo_capture, config.max_series, config.max_engines))
         self.pipeline = Pipeline(config, self.demo_readings if config.demo else None)
         self.exposition = Exposition(config.conditions, config.tick_seconds)
         self.snapshot: Snapshot | None = None

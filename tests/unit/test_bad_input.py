@@ -209,6 +209,22 @@ GOOD = '{"source":"vllm","t":1000.0,"ok":true,"samples":[["vllm:num_requests_run
         ([GOOD.replace("1000.0", "1e17")], None, "is not a time"),  # adding a tick no longer moves such a clock
         ([GOOD.replace("1000.0", "1e15")], None, "is not a time"),  # past the calendar: once a `year out of range`
         ([GOOD, '{"source":"vllm","t":1001.0,"ok":true,"error":"' + "x" * (33 * 2**20) + '"}'], None, "decompressed"),  # 33 MiB in 33 kB
+        # past the live path's limits: a page the vLLM source would have refused (a 5,000-engine capture took 588 MB)
+        (
+            [
+                GOOD.replace(
+                    '{"engine":"0","model_name":"m"},1]',
+                    ",".join(f'{{"engine":"{i}","model_name":"m"}},1],["vllm:num_requests_running"' for i in range(40)) + ',{"engine":"x","model_name":"m"},1]',
+                )
+            ],
+            None,
+            "over max_engines 32",
+        ),
+        (
+            [GOOD.replace('["vllm:num_requests_running",{"engine":"0","model_name":"m"},1]', ",".join(f'["s{i}",{{}},1]' for i in range(15_001)))],
+            None,
+            "over max_series 15000",
+        ),
         ([GOOD, "[1, 2, 3]"], None, "expected a JSON object"),
         ([GOOD, GOOD.replace('{"engine":"0","model_name":"m"}', '["engine","0"]')], None, "a sample must be"),
         ([GOOD], '{"format":"vllm-triage-capture","version":"1"}', "version '1'"),
