@@ -29,7 +29,7 @@ from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
 from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources, every, start_sources
 from .server import PROBE_PATHS, make_app, probe_answer, serve
-from .sources.gil import dump_stacks
+from .sources.gil import dump_stacks, where_stuck
 from .webconfig import OPEN_PATHS, WebConfig
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Daemon:
         return self.config.engine_liveness_endpoint
 
     def tick(self) -> Snapshot:
-        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock())
+        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck())
         if self.stack_dumps:
             snapshot = dataclasses.replace(snapshot, stack_dumps=self.stack_dumps)
         CPU.run("render", self.exposition.update, snapshot, time.monotonic())
@@ -207,6 +207,16 @@ class Daemon:
         await self._in_pipeline(self._tick_if_fed)
         self._dump_stacks_if_asked()
 
+    def _stuck(self) -> tuple[tuple[str, str, str], ...]:
+        """Where the stack dump of a verdict's current activation found its process waiting (role, place, frame): an
+        input of the next evaluations while that activation lasts."""
+        active = {v.condition: v.since for v in self.snapshot.verdicts if v.active} if self.snapshot else {}
+        return tuple(
+            (str(d["role"]), str(d["stuck_in"]), str(d["frame"]))
+            for d in self.stack_dumps
+            if "stuck_in" in d and active.get(str(d["condition"])) == d["activation"]
+        )
+
     def _dump_stacks_if_asked(self) -> None:
         """Once per activation of a condition that asks for stacks (Condition.stack_dump_role: engine_wedged), take that
         process's Python stacks (py-spy dump): the page then says where it is stuck. Only where py-spy may run (the gil
@@ -223,14 +233,26 @@ class Daemon:
         if not found:
             self.stack_dumps = ({"condition": asking.condition, "error": f"no {role} process is visible (is the process namespace shared?)"},)
             return
-        self._dumping = asyncio.create_task(self._dump(asking.condition, found[0]))
+        self._dumping = asyncio.create_task(self._dump(asking.condition, asking.since, found[0]))
 
-    async def _dump(self, condition: str, process: ProcessEntry) -> None:
+    async def _dump(self, condition: str, activation: float | None, process: ProcessEntry) -> None:
         pid = process["pid"]
         taken_at = self.clock()
         result = await dump_stacks(pid)
+        where = where_stuck(result.get("stacks", ""))
         role = process.get("role")
-        self.stack_dumps = ({"condition": condition, "role": role, "pid": pid, "status": process.get("status"), "taken_at": taken_at, **result},)
+        self.stack_dumps = (
+            {
+                "condition": condition,
+                "activation": activation,
+                "role": role,
+                "pid": pid,
+                "status": process.get("status"),
+                "taken_at": taken_at,
+                **result,
+                **({"stuck_in": where[0], "frame": where[1]} if where else {}),
+            },
+        )
         log.warning("%s: stacks of the %s (pid %d): %s", condition, role, pid, result.get("stacks", result.get("error", ""))[:2000])
 
     async def _demo_loop(self) -> None:

@@ -101,8 +101,9 @@ class Derived:
             self._group_cache[(scope, window)] = compute_signals(self._view(GPU_SOURCE, window), scope, self.discovery.facts(), spec.signals)
         return self._group_cache[(scope, window)]
 
-    def inputs(self, wants: Wants) -> TickInputs:
-        """The judge's values: each (scope kind, window) it wants, computed now, and the discovery notes it names."""
+    def inputs(self, wants: Wants, stuck: tuple[tuple[str, str, str], ...] = ()) -> TickInputs:
+        """The judge's values: each (scope kind, window) it wants, computed now, the discovery notes it names, and where
+        the stack dumps taken for active verdicts found processes waiting (role, place, frame)."""
         scoped = {
             (kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants.scoped)
         }
@@ -113,6 +114,7 @@ class Derived:
             tuple(found.host_notes()) if "host" in wants.notes else (),
             tuple(found.orphan_notes()) if "orphans" in wants.notes else (),
             tuple(found.lost_rank_notes()) if "lost_ranks" in wants.notes else (),
+            stuck if "stuck" in wants.notes else (),
         )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 

@@ -39,8 +39,8 @@ class Pipeline:
     def feed(self, reading: Reading) -> None:
         self.store.add(reading)
 
-    def evaluate(self, now: float) -> Snapshot:
-        return evaluate(self.engine, self.store, now)
+    def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = ()) -> Snapshot:
+        return evaluate(self.engine, self.store, now, stuck)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -72,11 +72,12 @@ class Pipeline:
         return snapshot
 
 
-def evaluate(engine: Engine, store: Store, now: float) -> Snapshot:
+def evaluate(engine: Engine, store: Store, now: float, stuck: tuple[tuple[str, str, str], ...] = ()) -> Snapshot:
     """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), hand the judge the
-    values its conditions declare, and assemble the Snapshot."""
+    values its conditions declare (and where stack dumps found vLLM's processes waiting: (role, place, frame)), and
+    assemble the Snapshot."""
     derived = derive(store, now, engine.configured_max_num_seqs, engine.stale_after)
-    judgement = engine.judge(derived.inputs(engine.wants()))
+    judgement = engine.judge(derived.inputs(engine.wants(), stuck))
     return Snapshot(
         timestamp=now,
         signals=derived.shown(engine.window_seconds),

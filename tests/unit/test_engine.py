@@ -391,6 +391,37 @@ def test_a_thrash_that_recomputes_without_a_token_is_not_a_hang():
     assert verdict(hung[-1], "engine_wedged").state == "active"
 
 
+def test_a_hung_engine_takes_its_cause_from_where_its_stack_dump_finds_it():
+    """The host alone says an engine core that uses no CPU is blocked; its stack dump (taken once the verdict is active)
+    says where: in a collective, waiting for requests that never reached it, ... The cause names the place, and the
+    evidence the function. A hung kernel the GPU shows stays hung_kernel, with the function beside it."""
+    from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
+
+    def hung(stuck: tuple[tuple[str, str, str], ...]):
+        eng, store, c = engine(window=60.0), Store(200), Counters()
+        snapshot = None
+        for t in range(0, 100, 2):
+            producing = t < 60
+            if producing:
+                c.generation_tokens += 32
+                c.finished += 1
+            store.add(reading(float(t), page(4, 2, 0.3, c)))
+            labels = make_labels({"role": "engine_core", "index": "0"})
+            cpu = 0.5 * t if producing else 30.0  # no CPU since the hang: blocked
+            store.add(Reading(PROCESS_SOURCE, t + 0.5, True, {("process_cpu_seconds_total", labels): cpu, ("process_stopped", labels): 0.0}))
+            snapshot = evaluate(eng, store, t + 0.6, stuck if t >= 90 else ())
+        assert snapshot is not None
+        return verdict(snapshot, "engine_wedged")
+
+    assert hung(()).cause == "blocked"
+    wedged = hung((("engine_core", "collective", "all_reduce (vllm/distributed/parallel_state.py:512)"),))
+    assert wedged.active and wedged.cause == "collective"
+    assert any("waits in a collective for its tensor-parallel peers, in all_reduce (vllm/distributed/parallel_state.py:512)" in e.text for e in wedged.evidence)
+    assert wedged.next_actions[0].startswith("cause=collective:")
+    idle = hung((("engine_core", "waiting_for_requests", "Queue.get (queue.py:171)"),))
+    assert idle.cause == "waiting_for_requests"
+
+
 def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
     s = Scenario(engine())
     idle = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(20)]

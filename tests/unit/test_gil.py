@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 import vllm_triage
-from vllm_triage.sources.gil import GilSource, find_py_spy, hot_functions
+from vllm_triage.sources.gil import GilSource, dump_stacks, find_py_spy, hot_functions, where_stuck
 
 from harness.gil_target import read_ratio, sample_known_duty
 
@@ -214,3 +214,49 @@ def test_a_py_spy_that_exits_as_it_times_out_is_not_a_crash():
             raise ProcessLookupError
 
     gil._kill(Exited())  # type: ignore[arg-type]  # must not raise
+
+
+# A process whose main thread waits where vLLM's engine core waits, under vLLM's function names: idle in its input
+# queue, in a collective, compiling a grammar; or in none of them.
+WAITER = """
+import queue, sys, time
+def _process_input_queue(q):
+    return q.get()
+def all_reduce():
+    time.sleep(60)
+def compile_grammar():
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        pass
+def somewhere_else():
+    time.sleep(60)
+print("ready", flush=True)
+{"idle": lambda: _process_input_queue(queue.Queue()), "collective": all_reduce, "grammar": compile_grammar, "other": somewhere_else}[sys.argv[1]]()
+"""
+
+
+@pytest.mark.parametrize(
+    ("waits", "place", "function"),
+    [
+        ("idle", "waiting_for_requests", "get"),
+        ("collective", "collective", "all_reduce"),
+        ("grammar", "grammar_compilation", "compile_grammar"),
+        ("other", None, None),
+    ],
+)
+def test_a_stack_dump_says_where_the_main_thread_waits(waits, place, function):
+    """py-spy dump of a real process, read for the place its main thread waits (engine_wedged's cause from its stacks)."""
+    process = subprocess.Popen([sys.executable, "-c", WAITER, waits], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        time.sleep(0.3)
+        dump = asyncio.run(dump_stacks(process.pid))
+        assert "stacks" in dump, dump
+        found = where_stuck(dump["stacks"])
+        if place is None:
+            assert found is None, found
+        else:
+            assert found is not None and found[0] == place and function in found[1], (found, dump["stacks"])
+    finally:
+        process.kill()
+        process.wait()

@@ -254,7 +254,13 @@ class Engine:
             return _Outcome(None, 0.0, missing=[f"no {what} in the {settings.window_seconds:.0f} s window"])
         results: list[tuple[str, Term, Judge]] = []
         for scope in scopes:
-            judge = Judge({**per_scope[scope], **global_signals}, settings.thresholds, scope, active=self._debounce[condition.id].judged == "active")
+            judge = Judge(
+                {**per_scope[scope], **global_signals},
+                settings.thresholds,
+                scope,
+                active=self._debounce[condition.id].judged == "active",
+                stuck={role: (place, frame) for role, place, frame in notes.stuck} if "stuck" in condition.notes else None,
+            )
             if "max_num_seqs" in condition.notes:
                 judge.note(notes.max_num_seqs_text, "max_num_seqs", notes.max_num_seqs)
             for text in (notes.host if "host" in condition.notes else ()) + (notes.lost_ranks if "lost_ranks" in condition.notes else ()):

@@ -21,6 +21,7 @@ class Notes:
     host: tuple[str, ...] = ()  # vLLM's processes, their busiest and neediest threads, the functions holding the GIL
     orphans: tuple[str, ...] = ()  # processes that outlived their API server, and the GPU memory they hold
     lost_ranks: tuple[str, ...] = ()  # workers gone while their engine core runs on
+    stuck: tuple[tuple[str, str, str], ...] = ()  # (role, place, frame): where a process' stack dump found it waiting
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ class Judge:
         scope: str,
         health: Mapping[str, SourceHealth] | None = None,
         active: bool = False,
+        stuck: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         self.signals = signals
+        self.stuck = stuck or {}  # role -> (place, frame) where its stack dump found it waiting
         self.active = active  # the condition is active now: a predicate may hold it on what keeps it true (a latch)
         self.health = health or {}
         self.thresholds = thresholds

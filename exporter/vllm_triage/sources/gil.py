@@ -78,6 +78,37 @@ def hot_functions(raw: str, top: int) -> list[tuple[str, str, int]]:
 DUMP_TIMEOUT_SECONDS = 15.0
 MAX_DUMP_CHARS = 20_000
 
+# Where a process' main thread waits, from the functions and files of its stack (innermost first, the first frame
+# that matches any place decides): vLLM's names for its waits, torch's and its libraries'.
+STUCK_PLACES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("gpu_sync", re.compile(r"synchroniz|_to_list \(|tolist|\bitem \(|_bookkeeping_sync|wait_stream|event_sync", re.I)),
+    ("collective", re.compile(r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|nccl|torch/distributed", re.I)),
+    ("grammar_compilation", re.compile(r"xgrammar|outlines|guidance|grammar", re.I)),
+    ("waiting_for_requests", re.compile(r"_process_input_queue|input_queue|get \(queue\.py", re.I)),
+    ("ipc_wait", re.compile(r"zmq|recv_multipart|shm_broadcast|MessageQueue|dequeue|acquire_read", re.I)),
+)
+THREAD = re.compile(r'^Thread (?P<tid>\d+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
+
+
+def where_stuck(stacks: str) -> tuple[str, str] | None:
+    """(place, frame) of the main thread in a `py-spy dump`: the first frame from the innermost out that names a
+    known wait (STUCK_PLACES); None when none does (or the dump has no main thread)."""
+    frames: list[str] = []
+    main = False
+    for line in stacks.splitlines():
+        header = THREAD.match(line)
+        if header is not None:
+            if main:
+                break
+            main = header["name"] == "MainThread"
+        elif main and line.startswith("    ") and line.strip():
+            frames.append(line.strip())
+    for frame in frames:
+        for place, pattern in STUCK_PLACES:
+            if pattern.search(frame):
+                return place, frame
+    return None
+
 
 async def dump_stacks(pid: int, py_spy: str | None = None) -> dict[str, str]:
     """Every thread's Python stack of one process, once (`py-spy dump --nonblocking`: it reads the process'

@@ -295,10 +295,31 @@ def _engine_wedged(j: Judge) -> Term:
     else:
         j.cause = "unknown"
         j.note("cause unknown: the engine core's process is not visible (share the pod's process namespace)")
+    _where_stuck(j)
     if utilization is not None and j.cause != "hung_kernel":
         what = "a kernel is resident and does not finish" if resident else "nothing runs on it" if utilization < 0.1 else "it is partly busy"
         j.note(f"util.gpu {utilization:.2f} over the last 10 s: {what}", "gpu_utilization_ratio_recent", utilization)
     return stalled
+
+
+# Where the engine core's stack dump (taken once the verdict is active) finds its main thread, in words; the place is
+# the cause where the host alone could say only blocked or spinning.
+STUCK_WORDS = {
+    "gpu_sync": "waits for the GPU (a synchronize: a kernel that does not finish)",
+    "collective": "waits in a collective for its tensor-parallel peers",
+    "grammar_compilation": "compiles a structured-output grammar",
+    "waiting_for_requests": "waits for requests from the API server: the pending ones never reached it",
+    "ipc_wait": "waits on a ZMQ or shared-memory queue for a peer process",
+}
+
+
+def _where_stuck(j: Judge) -> None:
+    if (found := j.stuck.get("engine_core")) is None:
+        return
+    place, frame = found
+    j.note(f"the engine core's stack dump: its main thread {STUCK_WORDS[place]}, in {frame}")
+    if j.cause in ("blocked", "spinning", "unknown"):
+        j.cause = place
 
 
 def _stall_evidence(j: Judge) -> None:
@@ -321,6 +342,7 @@ ENGINE_WEDGED = Condition(
     id="engine_wedged",
     precedence=20,
     stack_dump_role="engine_core",
+    notes=("stuck",),
     fails_engine_liveness=True,
     layer="1+3",
     severity="critical",
@@ -338,6 +360,16 @@ ENGINE_WEDGED = Condition(
         "cause=hung_kernel: a GPU kernel or collective never finishes (util.gpu stays near 1 with idle SMs): the dump shows the "
         "engine core waiting in a synchronize; check the kernel log for Xid errors and NCCL peers; restart the pod (the GPU may need a reset).",
         "cause=spinning: a busy loop or a hung GPU collective: check the GPU's SM activity and NCCL; restart the pod.",
+        "cause=gpu_sync: the engine core waits in a GPU synchronize that does not return: check the kernel log for Xid errors; "
+        "restart the pod (the GPU may need a reset).",
+        "cause=collective: a tensor-parallel collective waits for a peer: find the rank that is gone, stopped or slow "
+        "(tp_rank_lost, the workers' logs, NCCL_DEBUG=INFO); restart the pod.",
+        "cause=grammar_compilation: a structured-output grammar (a JSON schema, a regex) compiles for long: find the request "
+        "that sent it; cap schema size in the gateway, or use a faster backend (--structured-outputs-config).",
+        "cause=waiting_for_requests: the engine core idles while requests are counted pending: they never reached it; the API "
+        "server's side of its input queue is stuck: its stacks (py-spy dump); restart the pod.",
+        "cause=ipc_wait: the engine core waits on a ZMQ or shared-memory queue for a peer process (a worker, the API server) "
+        "that does not answer: find it in the process list; restart the pod.",
         "Restart vLLM (a liveness probe on the sidecar's /engine-liveness restarts it for you: engine_liveness_endpoint).",
     ),
     predicate=_engine_wedged,
@@ -381,7 +413,18 @@ ENGINE_WEDGED = Condition(
     for_seconds=5,
     clear_seconds=10,
     window_seconds=60.0,  # a stall is measured within the window: never shorter than the bar, whatever window_seconds says
-    causes=("process_stopped", "hung_kernel", "blocked", "spinning", "unknown"),
+    causes=(
+        "process_stopped",
+        "hung_kernel",
+        "gpu_sync",
+        "collective",
+        "grammar_compilation",
+        "waiting_for_requests",
+        "ipc_wait",
+        "blocked",
+        "spinning",
+        "unknown",
+    ),
     contradicted=lambda s: (
         "tokens are produced again, or nothing is pending"
         if s.get("seconds_stalled_with_requests_pending") == 0 and not s.get("host_engine_core_stopped")
