@@ -327,6 +327,24 @@ VLLM_ALERTS: list[dict[str, Any]] = [
         },
     },
     {
+        "alert": "VllmFleetSaturated",
+        # Most replicas of one model queue at once: the fleet is at capacity, one incident however many pods page their
+        # own capacity verdicts (the example groups those by namespace and alert). More than half, of two or more.
+        "expr": (
+            "count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m >= 1)"
+            " / count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) > 0.5"
+            " and count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) >= 2"
+        ),
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "{{ $labels.namespace }}/{{ $labels.model_name }}: {{ $value | humanizePercentage }} of its replicas queue requests at once",
+            "description": "Most replicas of the model queue at the same time: the fleet is at capacity, not one pod. Add replicas (raise the "
+            "autoscaler's maximum); the per-pod capacity alerts of these replicas are this one incident.",
+            "runbook_url": f"{RUNBOOK_URL}#vllmfleetsaturated",
+        },
+    },
+    {
         "alert": "VllmTargetDown",
         # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes), nor while a
         # new pod's sidecar has not started.
@@ -625,6 +643,9 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
             "alert_rule_test": [
                 silent("VllmReplicaImbalance", "8m"),
                 fires("VllmReplicaImbalance", "20m", {"namespace": "llm", "pod": "vllm-0", "model_name": "m", "severity": "warning"}, "8"),
+                # both replicas of "busy" queue: the fleet is saturated; one of two of "m": no more than half
+                silent("VllmFleetSaturated", "8m"),
+                fires("VllmFleetSaturated", "20m", {"namespace": "llm", "model_name": "busy", "severity": "warning"}, "100%"),
             ],
         },
         {
@@ -853,6 +874,8 @@ _VLLM_ALERT_STEPS = {
     "VllmKvCacheFull": "Confirm with the sidecar's `kv_cache_saturated` and `queue_backlog` (cause). Then see [VllmTriageKvCacheSaturated](#vllmtriagekvcachesaturated).",
     "VllmRequestsWaiting": "Read the sidecar's `queue_backlog` cause (`kv_capacity`, `concurrency_cap`, `unknown`) and follow [VllmTriageQueueBacklog](#vllmtriagequeuebacklog).",
     "VllmRequestsWaitingPersistent": "As VllmRequestsWaiting; if nothing changes, add replicas: the backlog will not drain by itself.",
+    "VllmFleetSaturated": "Add replicas, or raise the autoscaler's maximum: every replica's queue says the same. Read one replica's "
+    "`queue_backlog` cause first: a fleet-wide `concurrency_cap` or `token_budget` is a flag to raise on every replica, not more GPUs.",
     "VllmReplicaImbalance": "Compare the replicas on the fleet dashboard's waiting-per-pod panel. Check the Service's or router's "
     "balancing (client-IP stickiness, prefix- or KV-aware routing pinning a hot prefix to one pod) and whether the queueing pod is slower "
     "(its sidecar's verdicts: gpu_throttled, gpu_starved).",
