@@ -27,7 +27,8 @@ test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-
 test-fast: lint typecheck unit
 
 # The integration tests no real vLLM of their own drives (test-rest runs them).
-NOT_VLLM := tests/integration/test_image.py tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
+NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py \
+	tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
 
 test-vllm:
 	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(NOT_VLLM))

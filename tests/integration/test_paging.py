@@ -93,7 +93,8 @@ class Webhook:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 firing = tuple(sorted(name(a["labels"]) for a in body["alerts"] if a["status"] == "firing"))
-                pod = body["groupLabels"].get("pod", "")
+                # what a group is about: its pod, or for a model's SLO alert (no pod) its namespace
+                pod = body["groupLabels"].get("pod") or f"namespace {body['groupLabels'].get('namespace', '')}"
                 outer.posts.append((self.path.strip("/"), body["groupKey"], body["status"], firing, pod))
                 outer.times.append(time.monotonic())
                 self.send_response(200)
@@ -202,6 +203,7 @@ def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
 
 
 CAPTURES = REPO / "tests" / "data"
+NAMESPACES = {"slo-0": "chat"}  # the pod whose model's SLO burns, alone in its namespace
 REPLAY_SPEED = 10  # the sidecars replay 10 times faster than the captures were recorded: the same speed as the rules'
 
 
@@ -224,6 +226,13 @@ def replayed_incidents(tmp_path) -> dict[str, Path]:
     )
     capture = CAPTURES / "real-vllm-h200-killed.jsonl.gz"
     incidents["down-0"] = (capture, timeline.load(capture), "vLLM killed")
+    capture = CAPTURES / "real-vllm-h200-api_server_bound.jsonl.gz"
+    at = timeline.marks(capture)
+    incidents["slo-0"] = (
+        capture,
+        timeline.stretched(timeline.load(capture), at["streaming"] + 20, at["streaming"] + 140, 1200),
+        "20 minutes of a saturated API server: 83 % of the requests over the 2.5 s TTFT target",
+    )
     length = max(r[-1].timestamp - r[0].timestamp for _, r, _ in incidents.values()) + 330  # the last incident's alerts resolve (keep_firing_for 5m)
     paths = {}
     for pod, (capture, readings, how) in incidents.items():
@@ -262,7 +271,8 @@ class CrashLoop:
 def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_path):
     """The done-when of paging: four pods in one Prometheus and one Alertmanager, each a sidecar replaying a real H200
     capture at the default settings and the vLLM page that capture read (served back on the sidecar's clock); beside
-    them two live sidecars whose vLLM never answers: one where no vLLM process ever starts, one crash-looping."""
+    them two live sidecars whose vLLM never answers: one where no vLLM process ever starts, one crash-looping; and a pod
+    whose saturated API server burns the model's TTFT SLO."""
     webhook = Webhook()
     alertmanager_process, alertmanager = start_alertmanager(tmp_path, faster_alertmanager(webhook.url))
     rules = tmp_path / "rules.yml"
@@ -289,8 +299,8 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         prometheus = start_prometheus(
             tmp_path,
             {
-                "vllm": [(address, {"namespace": "llm", "pod": pod}) for pod, address in addresses.items()],
-                "vllm-triage": [(sidecars[pod].url.removeprefix("http://"), {"namespace": "llm", "pod": pod}) for pod in sidecars],
+                "vllm": [(address, {"namespace": NAMESPACES.get(pod, "llm"), "pod": pod}) for pod, address in addresses.items()],
+                "vllm-triage": [(sidecars[pod].url.removeprefix("http://"), {"namespace": NAMESPACES.get(pod, "llm"), "pod": pod}) for pod in sidecars],
             },
             rules,
             alertmanager,
@@ -312,6 +322,8 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         assert any("VllmTriageKvCacheSaturated" in names for names in webhook.tickets(pod="kv-0")), posts
         assert webhook.pages(pod="hung-0") == [("VllmTriageEngineWedged",)], posts
         assert webhook.pages(pod="down-0") == [("VllmTriageVllmUnreachable",)], posts
+        # users' harm pages through the SLO burn, once per model (its own namespace here: the burn is per model and namespace)
+        assert webhook.pages(pod="namespace chat") == [("VllmTtftSloBurnFast",)], posts
         # a vLLM that never starts, and one that crash-loops: one page each, within 5 minutes (30 s at this speed)
         for pod in ("never-0", "crash-0"):
             assert webhook.pages(pod=pod) == [("VllmTriageVllmUnreachable",)], posts
