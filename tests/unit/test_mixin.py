@@ -175,8 +175,9 @@ def test_the_overview_leads_with_the_verdict_now_and_no_panel_is_blank_without_s
 
     panels = overview()["panels"]
     assert panels[0]["type"] == "row" and panels[0]["title"].startswith("Now")
-    now = {p["title"]: p for p in panels[1:4]}
-    assert set(now) == {"Primary verdict", "Since", "Active verdicts"} and all(p["type"] == "stat" for p in now.values())
+    now = {p["title"]: p for p in panels[1:5]}
+    assert set(now) == {"Primary verdict", "Since", "Active verdicts", "vLLM starting for"} and all(p["type"] == "stat" for p in now.values())
+    assert "vllm_triage_vllm_starting_seconds" in now["vLLM starting for"]["targets"][0]["expr"]
     primary = now["Primary verdict"]
     assert "vllm_triage_condition_primary" in primary["targets"][0]["expr"] and primary["options"]["textMode"] == "name"
     assert primary["fieldConfig"]["defaults"]["noValue"] == "nothing is wrong"
