@@ -795,12 +795,13 @@ def one_story_inhibitions() -> list[dict[str, Any]]:
 
 
 def alertmanager_example() -> dict[str, Any]:
-    """critical -> pager, warning -> ticket, info -> nowhere; a critical inhibits the warnings of the same pod, and
-    the leading verdict's alert the alerts of the verdicts it explains (one_story_inhibitions)."""
+    """critical -> pager, warning -> ticket, info -> nowhere, grouped by alert and namespace; a critical inhibits the
+    warnings of the same pod, and the leading verdict's alert the alerts of the verdicts it explains (one_story_inhibitions)."""
     return {
         "route": {
             "receiver": "ticket",
-            "group_by": ["alertname", "namespace", "pod"],
+            # one incident across the fleet pages once: the same alert of several pods of a namespace is one notification
+            "group_by": ["alertname", "namespace"],
             "group_wait": "30s",
             "group_interval": "5m",
             "repeat_interval": "4h",
