@@ -441,9 +441,11 @@ def test_schema_rejects_typos_and_bad_values_naming_the_key(values, names):
         render(values)
 
 
-def test_the_optional_alertmanager_config_carries_the_examples_inhibit_rules():
-    """One page per incident in a cluster run by prometheus-operator: the same inhibit rules as the Alertmanager example."""
-    assert not [o for o in render() if o["kind"] == "AlertmanagerConfig"]  # off by default
+def test_the_alertmanager_config_carries_the_examples_inhibit_rules():
+    """One page per incident in a cluster run by prometheus-operator: the same inhibit rules as the Alertmanager example,
+    on by default as the chart's PodMonitor and PrometheusRule, and off on request."""
+    assert one(render(), "AlertmanagerConfig")["spec"]["inhibitRules"]
+    assert not [o for o in render({"monitoring": {"alertmanagerConfig": {"enabled": False}}}) if o["kind"] == "AlertmanagerConfig"]
     config = one(render({"monitoring": {"alertmanagerConfig": {"enabled": True, "labels": {"alertmanager": "main"}}}}), "AlertmanagerConfig")
     assert config["apiVersion"] == "monitoring.coreos.com/v1alpha1" and config["metadata"]["labels"]["alertmanager"] == "main"
     example = yaml.safe_load((ROOT / "alerts" / "alertmanager.example.yml").read_text())["inhibit_rules"]
