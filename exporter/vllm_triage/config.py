@@ -124,6 +124,14 @@ def _url(key: str, raw: Any) -> str:
     return str(raw).rstrip("/")
 
 
+@_described({"type": "string", "pattern": "^https?://[^/]"})
+def _base_url(key: str, raw: Any) -> str:
+    """A server's base URL; one given with its page's path (`http://vllm:8000/metrics`, as Prometheus' targets are
+    often written) is taken without it, instead of fetching /metrics/metrics."""
+    url = urlparse(_url(key, raw))
+    return url._replace(path=url.path.removesuffix("/metrics")).geturl()
+
+
 @_described({"type": "string", "pattern": "^/"})
 def _path_component(key: str, raw: Any) -> str:
     if not isinstance(raw, str) or not raw.startswith("/"):
@@ -227,7 +235,7 @@ class Config:
     """Every setting, typed: the fields are the options table (a YAML key, a VLLM_TRIAGE_* variable and a
     flag each), plus the per-condition settings."""
 
-    vllm_url: str = option("http://127.0.0.1:8000", _url, "Base URL of the vLLM server to watch.", "URL")
+    vllm_url: str = option("http://127.0.0.1:8000", _base_url, "Base URL of the vLLM server to watch (one ending in /metrics is taken without it).", "URL")
     metrics_path: str = option("/metrics", _path_component, "Path of vLLM's Prometheus endpoint.", "PATH")
     listen: str = option(f"0.0.0.0:{DEFAULT_PORT}", _listen, f"Address the sidecar serves on (default port {DEFAULT_PORT}).", "HOST:PORT")
     max_connections: int = option(128, _number(1, integer=True), "Most connections the sidecar's listener holds at once; more get HTTP 503.", "N")

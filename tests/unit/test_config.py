@@ -199,3 +199,10 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage.model",
     }
     assert tuple(spec.name for spec in SOURCES) == SOURCE_NAMES
+
+
+def test_a_vllm_url_given_with_its_metrics_path_is_taken_without_it():
+    """`--vllm-url http://vllm:8000/metrics`, as Prometheus' targets are written, once fetched /metrics/metrics."""
+    assert load(env={}, flags={"vllm_url": "http://vllm:8000/metrics"}).vllm_url == "http://vllm:8000"
+    assert load(env={}, flags={"vllm_url": "http://vllm:8000/v1/metrics/"}).vllm_url == "http://vllm:8000/v1"
+    assert load(env={}, flags={"vllm_url": "http://vllm:8000/prefix"}).vllm_url == "http://vllm:8000/prefix"
