@@ -223,17 +223,17 @@ def overview() -> dict[str, Any]:
             "0",
         )
     )
-    lay.add(
-        stat(
-            "vLLM starting for",
-            f"max(vllm_triage_vllm_starting_seconds{{{SIDECAR}}} > 0)",
-            "starting",
-            "How long vLLM has been starting: it has not answered since the sidecar started and its API server process runs (loading "
-            "its model). A vLLM that never starts, crash-loops or serves another port is vllm_unreachable instead.",
-            "not starting",
-            unit="s",
-        )
+    starting = stat(
+        "vLLM starting for",
+        f"max(vllm_triage_vllm_starting_seconds{{{SIDECAR}}})",
+        "starting",
+        "How long vLLM has been starting: it has not answered since the sidecar started and its API server process runs (loading "
+        "its model). A vLLM that never starts, crash-loops or serves another port is vllm_unreachable instead.",
+        "no sidecar",
+        unit="s",
     )
+    starting["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {"0": {"text": "not starting"}}}]
+    lay.add(starting)
     lay.row("Efficiency: how far from the GPU's ceiling (vLLM's --enable-mfu-metrics over the GPU's peaks, beside what GPM measured)")
     lay.add(
         timeseries(
