@@ -173,7 +173,9 @@ class ProcessSource:
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
-        own = _own_tree()
+        # A namespace does not change under a running sidecar: once a view is seen (vLLM's processes, or any not its
+        # own) it stays, and the sidecar's own tree (a second walk of every process) is not read again.
+        own = set() if self.process_view else _own_tree()
         others = 0
         for proc in psutil.process_iter(["pid", "cmdline"]):
             others += proc.pid not in own
@@ -184,7 +186,6 @@ class ProcessSource:
             role = role_of(cmdline, self.title_prefix)
             if role is not None:
                 titled[proc.pid] = (role, proc, cmdline)
-        # A namespace does not change under a running sidecar: a view seen once (vLLM's processes, or any not its own) stays.
         self.process_view = bool(self.process_view) or others > 0 or bool(titled)
         if set(titled) != self._titled or not self._bound_to_listener:
             # Binding reads every process' sockets (psutil.net_connections): only when vLLM's processes changed,
