@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, Verdict
+from .report import SEVERITY_ORDER
 from .scope import AGGREGATE_SCOPE
 
 Points = list[tuple[float, float]]  # (timestamp, value)
@@ -36,9 +37,13 @@ class Span:
     severity: str
     start: float
     end: float
-    primary: bool  # it led the diagnosis for at least one tick of the span
+    primary_runs: tuple[tuple[float, float], ...]  # the runs of ticks in which it led the diagnosis: one primary at a time
     causes: tuple[str, ...]
-    verdict: Verdict  # as judged at the span's first tick: its evidence and next actions
+    verdict: Verdict  # as judged at the span's first tick: its evidence, advice and next actions
+
+    @property
+    def primary(self) -> bool:
+        return bool(self.primary_runs)
 
 
 def _by_source(readings: Iterable[Reading], source: str) -> list[Reading]:
@@ -67,12 +72,9 @@ def _signal(snapshots: list[Snapshot], name: str, scope: str = AGGREGATE_SCOPE) 
     return [(s.timestamp, v) for s in snapshots if (v := s.signals.get(scope, {}).get(name)) is not None and math.isfinite(v)]
 
 
-LATENCY_SIGNALS = (
-    ("ttft_seconds_p50", "TTFT p50"),
-    ("ttft_seconds_p95", "TTFT p95"),
-    ("inter_token_latency_seconds_p50", "ITL p50"),
-    ("inter_token_latency_seconds_p95", "ITL p95"),
-)
+# Each on its own axis: a TTFT of seconds would flatten an ITL of milliseconds to the floor of a shared one.
+TTFT_SIGNALS = (("ttft_seconds_p50", "TTFT p50"), ("ttft_seconds_p95", "TTFT p95"))
+ITL_SIGNALS = (("inter_token_latency_seconds_p50", "ITL p50"), ("inter_token_latency_seconds_p95", "ITL p95"))
 GPU_ACTIVITY = (
     ("gpu_sm_active_ratio", "SM active"),
     ("gpu_tensor_active_ratio", "tensor active"),
@@ -110,7 +112,8 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
     tokens.series["generated"] = _rate(_gauge(vllm, "vllm:generation_tokens_total").get("", []))
     tokens.series["prompt"] = _rate(_gauge(vllm, "vllm:prompt_tokens_total").get("", []))
     result.append(tokens)
-    result.append(Plot("Latency (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in LATENCY_SIGNALS}))
+    result.append(Plot("Time to first token (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in TTFT_SIGNALS}))
+    result.append(Plot("Inter-token latency (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in ITL_SIGNALS}))
     result.append(_per_gpu(Plot("GPU activity", "ratio"), gpu, GPU_ACTIVITY))
     result.append(_per_gpu(Plot("PCIe", "bytes_per_second"), gpu, (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx"))))
     power = Plot("GPU power", "watts", {f"GPU {i}": p for i, p in sorted(_gauge(gpu, "gpu_power_watts", by="gpu", reduce=max).items())})
@@ -133,23 +136,39 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
 
 
 def spans(snapshots: list[Snapshot]) -> list[Span]:
-    """Each run of ticks in which a condition was active, in order of start."""
+    """Each run of ticks in which a condition was active, in order of start, with the runs in which it was the primary."""
     found: list[Span] = []
-    open_: dict[str, tuple[float, bool, list[str], Verdict, float]] = {}
+    open_: dict[str, tuple[float, list[list[float]], list[str], Verdict, float]] = {}
+    previous: Snapshot | None = None
     for snapshot in snapshots:
         active = {v.condition: v for v in snapshot.verdicts if v.active}
         for condition in list(open_):
             if condition not in active:
-                start, primary, causes, first, last = open_.pop(condition)
-                found.append(Span(condition, first.severity, start, last, primary, tuple(causes), first))
+                start, runs, causes, first, last = open_.pop(condition)
+                found.append(Span(condition, first.severity, start, last, tuple((a, b) for a, b in runs), tuple(causes), first))
         for condition, verdict in active.items():
-            start, primary, causes, first, _ = open_.get(condition, (snapshot.timestamp, False, [], verdict, snapshot.timestamp))
+            start, runs, causes, first, _ = open_.get(condition, (snapshot.timestamp, [], [], verdict, snapshot.timestamp))
             if verdict.cause and verdict.cause not in causes:
                 causes.append(verdict.cause)
-            open_[condition] = (start, primary or snapshot.primary == condition, causes, first, snapshot.timestamp)
-    for condition, (start, primary, causes, first, last) in open_.items():
-        found.append(Span(condition, first.severity, start, last, primary, tuple(causes), first))
+            if snapshot.primary == condition:
+                if runs and previous is not None and previous.primary == condition and runs[-1][1] == previous.timestamp:
+                    runs[-1][1] = snapshot.timestamp
+                else:
+                    runs.append([snapshot.timestamp, snapshot.timestamp])
+            open_[condition] = (start, runs, causes, first, snapshot.timestamp)
+        previous = snapshot
+    for condition, (start, runs, causes, first, last) in open_.items():
+        found.append(Span(condition, first.severity, start, last, tuple((a, b) for a, b in runs), tuple(causes), first))
     return sorted(found, key=lambda s: (s.start, s.condition))
+
+
+def _led(span: Span, origin: float) -> str:
+    """When the span was the primary verdict, as offsets from the page's start."""
+    if not span.primary:
+        return "secondary"
+    if span.primary_runs == ((span.start, span.end),):
+        return "primary"
+    return "primary " + ", ".join(f"+{a - origin:.0f}–+{b - origin:.0f} s" for a, b in span.primary_runs) + ", else secondary"
 
 
 UNIT_SYMBOLS = {"bytes_per_second": "B/s", "hertz": "Hz", "watts": "W", "seconds": "s", "per_second": "/s", "cores": "cores"}
@@ -239,11 +258,15 @@ def _bands_svg(found: list[Span], start: float, end: float) -> str:
             x0, x1 = _x(span.start, start, end), _x(span.end, start, end)
             width = max(x1 - x0, 2.0)
             color = SEVERITY_COLORS.get(span.severity, "#7f8c8d")
-            kind = "primary" if span.primary else "secondary"
             label = f"{condition} ({', '.join(span.causes)})" if span.causes else condition
-            tip = f"{label}: {kind}, +{span.start - start:.0f} s to +{span.end - start:.0f} s"
+            tip = f"{label}: {_led(span, start)}, +{span.start - start:.0f} s to +{span.end - start:.0f} s"
             box = f'x="{x0:.1f}" y="{top + 3}" width="{width:.1f}" height="{LANE_HEIGHT - 6}"'
-            parts.append(f'<rect {box} fill="{color}" class="{kind}"><title>{html.escape(tip)}</title></rect>')
+            parts.append(f'<rect {box} fill="{color}" class="secondary"><title>{html.escape(tip)}</title></rect>')
+            for a, b in span.primary_runs:  # dark where it led: at any moment one lane at most
+                a0, a1 = _x(a, start, end), _x(b, start, end)
+                lead = f'x="{a0:.1f}" y="{top + 3}" width="{max(a1 - a0, 2.0):.1f}" height="{LANE_HEIGHT - 6}"'
+                led = html.escape(f"{label}: primary, +{a - start:.0f} s to +{b - start:.0f} s")
+                parts.append(f'<rect {lead} fill="{color}" class="primary"><title>{led}</title></rect>')
             if width > 60 and span.causes:
                 parts.append(f'<text x="{x0 + 4:.1f}" y="{top + 15}" class="cause">{html.escape(", ".join(span.causes))}</text>')
     parts.append("</svg>")
@@ -277,18 +300,25 @@ def render(readings: list[Reading], snapshots: list[Snapshot], title: str) -> st
         _bands_svg(found, start, end) if found else "<p>No verdict was active in this range.</p>",
         "<h2>The three layers</h2>",
         *(_plot_svg(plot, start, end) for plot in plots(inside, snapshots)),
-        "<h2>Each verdict, its evidence and next actions</h2>",
+        "<h2>Each verdict, its evidence and next actions (most severe first)</h2>",
     ]
-    for span in found:
+    for span in sorted(found, key=lambda s: (SEVERITY_ORDER.get(s.severity, 9), not s.primary, s.start)):
         verdict = span.verdict
         causes = f" (cause {', '.join(span.causes)})" if span.causes else ""
-        role = "primary" if span.primary else "secondary"
+        advice = (
+            "<b>Advice (computed from what was observed)</b><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in verdict.advice) + "</ul>"
+            if verdict.advice
+            else ""
+        )
         body.append(
             f'<div class="span" style="border-color:{SEVERITY_COLORS.get(span.severity, "#999")}"><h3>{html.escape(span.condition)}{html.escape(causes)}: '
-            f"{html.escape(span.severity)}, {role}, +{span.start - start:.0f} s to +{span.end - start:.0f} s ({_wall(span.start)}–{_wall(span.end)} UTC)</h3>"
+            f"{html.escape(span.severity)}, {html.escape(_led(span, start))}, +{span.start - start:.0f} s to +{span.end - start:.0f} s "
+            f"({_wall(span.start)}–{_wall(span.end)} UTC)</h3>"
             f"<p>{html.escape(verdict.summary)}</p><b>Evidence when it became active</b><ul>"
             + "".join(f"<li>{html.escape(e.text)}</li>" for e in verdict.evidence)
-            + "</ul><b>Next actions</b><ul>"
+            + "</ul>"
+            + advice
+            + "<b>Next actions</b><ul>"
             + "".join(f"<li>{html.escape(a)}</li>" for a in verdict.next_actions)
             + "</ul></div>"
         )

@@ -46,8 +46,19 @@ def test_the_page_shows_the_verdicts_the_replay_judged_over_the_three_layers(nam
     assert dark == primaries
     titles = [html.unescape(t) for t in re.findall(r"<h3>([^<]+)</h3><svg", page)]
     assert {"Requests running and waiting", "KV cache usage", "Tokens", "GPU activity", "vLLM's processes: CPU"} <= set(titles), titles
-    for span in html_report.spans(snapshots):
+    found = html_report.spans(snapshots)
+    for span in found:
         assert html.escape(span.verdict.next_actions[0]) in page  # each span's next actions, as the sidecar gives them
+        for advice in span.verdict.advice:  # and the advice /report prints, computed from what was observed
+            assert html.escape(advice) in page
+    # one primary at each moment: the dark bands are the ticks each verdict led, never two at once
+    for snapshot in snapshots:
+        leading = [s.condition for s in found for a, b in s.primary_runs if a <= snapshot.timestamp <= b]
+        assert leading == ([snapshot.primary] if snapshot.primary else []), (snapshot.timestamp, leading, snapshot.primary)
+    # the verdicts' sections, most severe first
+    order = {"critical": 0, "warning": 1, "info": 2}
+    listed = re.findall(r"<div class=\"span\"[^>]*><h3>[a-z_]+[^<]*: (critical|warning|info), ", page)
+    assert [order[s] for s in listed] == sorted(order[s] for s in listed) and len(listed) == len(found)
     # self-contained: nothing fetched, nothing run
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
 
@@ -58,6 +69,26 @@ def test_a_hang_is_a_band_of_engine_wedged_with_its_cause_and_the_evidence_it_ca
     wedged = [s for s in html_report.spans(snapshots) if s.condition == "engine_wedged"]
     assert len(wedged) == 1 and wedged[0].primary and "hung_kernel" in wedged[0].causes
     assert "a kernel is resident and does not finish" in page
+
+
+def test_a_verdict_that_led_for_a_while_is_dark_only_while_it_led_and_itl_has_its_own_axis():
+    """kv_thrash: gpu_starved and preemption_storm lead for part of their spans, the KV cache's verdicts for the rest.
+    ITL (tens of ms) is not drawn on TTFT's axis (seconds), where it would lie flat on the floor."""
+    readings, snapshots = judged(CAPTURES["kv_thrash"])
+    page = html_report.render(readings, snapshots, "kv thrash")
+    partly = [s for s in html_report.spans(snapshots) if s.primary and s.primary_runs != ((s.start, s.end),)]
+    assert partly
+    for span in partly:
+        led = sum(b - a for a, b in span.primary_runs)
+        assert 0 <= led < span.end - span.start
+        assert re.search(rf"{span.condition}[^<]*: [a-z]+, primary \+\d+–\+\d+ s[^<]*, else secondary", page), span.condition
+    titles = [html.unescape(t) for t in re.findall(r"<h3>([^<]+)</h3><svg", page)]
+    ttft, itl = (
+        re.search(rf"<h3>{t}</h3>(<svg.*?</svg>)", page, re.S)
+        for t in ("Time to first token \\(window quantiles\\)", "Inter-token latency \\(window quantiles\\)")
+    )
+    assert ttft and itl, titles
+    assert "ITL p50" in itl.group(1) and "ITL" not in ttft.group(1) and "TTFT p95" in ttft.group(1)
 
 
 def test_an_hour_of_readings_stays_a_small_file(tmp_path):
