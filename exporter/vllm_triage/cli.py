@@ -276,21 +276,19 @@ async def observe(config: Config, seconds: float, writer: CaptureWriter | None =
     return readings
 
 
-def _history(args: argparse.Namespace, config: Config, start: float, end: float) -> tuple[list[Reading], Config]:
-    """The readings a Prometheus holds for [start, end], and the config with the max_num_seqs a sidecar exported."""
+def _history(args: argparse.Namespace, start: float, end: float) -> list[Reading]:
+    """The readings a Prometheus holds for [start, end] (vLLM's carry the max_num_seqs a sidecar beside it exported)."""
     history = PrometheusHistory(args.prometheus, args.selector, HistoryLimits(step_seconds=args.step))
     readings = asyncio.run(history.readings(start, end))
     for note in history.notes:
         print(f"vllm-triage: note: {note}", file=sys.stderr)
-    if config.max_num_seqs is None and history.max_num_seqs is not None:
-        config = dataclasses.replace(config, max_num_seqs=history.max_num_seqs)
-    return readings, config
+    return readings
 
 
 def _diagnose(args: argparse.Namespace, config: Config) -> int:
     if args.prometheus:
         at = args.at or time.time()
-        readings, config = _history(args, config, at - (args.seconds or 600.0), at)
+        readings = _history(args, at - (args.seconds or 600.0), at)
         snapshot = replay(readings, config, lambda _: None, until=at)
         assert snapshot is not None
         when = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds")
@@ -345,7 +343,7 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
         if args.start >= (args.end or time.time()):
             print("vllm-triage: --from must come before --to (or before now)", file=sys.stderr)
             return 2
-        readings, config = _history(args, config, args.start, args.end or time.time())
+        readings = _history(args, args.start, args.end or time.time())
     elif args.capture:
         readings = list(read_readings(_capture_path(args.capture), config.max_series, config.max_engines))
     else:

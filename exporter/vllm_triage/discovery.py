@@ -10,7 +10,20 @@ from functools import cached_property
 from typing import Any
 
 from .hardware import GpuPeak, gpu_peak
-from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ComputeProcess, GpuEntry, GpuMeta, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta
+from .model import (
+    GIL_SOURCE,
+    GPU_SOURCE,
+    MAX_NUM_SEQS_READ,
+    PROCESS_SOURCE,
+    VLLM_SOURCE,
+    ComputeProcess,
+    GpuEntry,
+    GpuMeta,
+    LostWorker,
+    OrphanEntry,
+    ProcessEntry,
+    ProcessMeta,
+)
 from .scope import gpu_scope
 from .signals.window import ServerFacts
 from .sources.process import STOPPED_STATES
@@ -43,7 +56,7 @@ def default_max_num_seqs(version: str | None) -> tuple[int, str]:
 
 def _bounded(value: Any) -> int | None:
     """A count read from the monitored host's command line: data, not trust (1..2^20, else not known)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 2**20 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_NUM_SEQS_READ else None
 
 
 RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker's (or engine core's) title vLLM sets
@@ -52,7 +65,7 @@ RANK_PART = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d+)")  # the parts of a worker'
 @dataclass(frozen=True)
 class Discovery:
     max_num_seqs: int
-    max_num_seqs_origin: str  # config | command_line | default
+    max_num_seqs_origin: str  # config | command_line | history | default
     max_num_seqs_text: str
     vllm_version: str | None
     api_server_args: dict[str, Any]
@@ -242,6 +255,9 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     elif (read := _bounded(args.get("max_num_seqs"))) is not None:
         value, origin = read, "command_line"
         text = f"max_num_seqs={value} (from the vLLM command line, pid {found.get('api_server_pid', '?')})"
+    elif vllm is not None and (exported := _bounded(vllm.vllm_meta().get("exported_max_num_seqs"))) is not None:
+        value, origin = exported, "history"
+        text = f"max_num_seqs={value} (what the sidecar beside this vLLM exported, from Prometheus' history)"
     else:
         value, why = default_max_num_seqs(version)
         origin = "default"

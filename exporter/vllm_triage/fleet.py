@@ -4,7 +4,6 @@ pipeline, listed by severity, with replicas of one model whose queues diverge (i
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +62,7 @@ async def judge_fleet(url: str, selector: str, at: float, seconds: float, config
         except HistoryError as error:
             servers.append(Server(*common, snapshot=None, error=str(error)))
             continue
-        found = history.max_num_seqs
-        server_config = config if config.max_num_seqs is not None or found is None else dataclasses.replace(config, max_num_seqs=found)
-        snapshot = await asyncio.to_thread(replay, readings, server_config, lambda _: None, at)
+        snapshot = await asyncio.to_thread(replay, readings, config, lambda _: None, at)
         servers.append(Server(*common, snapshot=snapshot))
     return sorted(servers, key=lambda s: (s.severity_rank(), s.name))
 

@@ -170,3 +170,37 @@ def test_fleets_server_list_is_bounded_and_checked_for_shape(answer, says):
     body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
     said = list_said(body, max_bytes=2**20)
     assert says in said, said
+
+
+def test_max_num_seqs_from_history_is_named_so_and_series_answered_to_another_query_are_not_used():
+    """diagnose --prometheus once labelled the max_num_seqs a sidecar had exported "from the sidecar config", and used
+    any series the answer held, whatever its name: here an `up` series of 4 answered beside the real 48 (and a stray
+    series beside vLLM's)."""
+    from vllm_triage.config import load
+    from vllm_triage.pipeline import replay
+
+    start, steps = 1796000000.0, range(0, 62, 2)
+    running = {"metric": GOOD, "values": [[start + t, "3"] for t in steps]}
+    waiting = {"metric": {**GOOD, "__name__": "vllm:num_requests_waiting"}, "values": [[start + t, "0"] for t in steps]}
+
+    async def query_range(request: web.Request) -> web.Response:
+        query = (await request.post())["query"]
+        if "vllm_max_num_seqs" in query:
+            seqs = {"metric": {"__name__": "vllm_triage_vllm_max_num_seqs"}, "values": [[start + t, "48"] for t in steps]}
+            return web.json_response(matrix(seqs, {"metric": {"__name__": "up"}, "values": [[start + t, "4"] for t in steps]}))
+        if "num_requests" in query:
+            return web.json_response(matrix(running, waiting, {"metric": {"__name__": "node_load1"}, "values": [[start, "9"]]}))
+        return web.json_response(matrix())
+
+    async def judged(url: str):
+        history = PrometheusHistory(url, "", HistoryLimits())
+        readings = await history.readings(start, start + 60)
+        return history.notes, replay(readings, load(env={}), lambda _: None)
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query_range", query_range)
+    notes, snapshot = asyncio.run(serving(app, judged))
+    assert (snapshot.discovery["max_num_seqs"], snapshot.discovery["max_num_seqs_origin"]) == (48, "history")
+    assert "from Prometheus' history" in snapshot.discovery["max_num_seqs_text"]
+    assert any("1 series its query did not ask for (e.g. 'node_load1')" in n for n in notes), notes
+    assert any("(e.g. 'up')" in n for n in notes), notes

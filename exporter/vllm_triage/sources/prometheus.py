@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from ..config import redact_url
-from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, make_labels
+from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, MAX_NUM_SEQS_READ, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, VllmMeta, make_labels
 from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import http_failure, read_bounded
@@ -150,7 +150,6 @@ class PrometheusHistory:
         self.url = url.rstrip("/")
         self.matchers = parse_selector(selector)
         self.limits = limits or HistoryLimits()
-        self.max_num_seqs: int | None = None  # in force where a sidecar ran (its vllm_triage_vllm_max_num_seqs)
         self.notes: list[str] = []  # what the history lacks, for the person who asked
         self._points_left = self.limits.max_points  # of the command's point budget
 
@@ -172,20 +171,18 @@ class PrometheusHistory:
             )
         self._points_left = self.limits.max_points
         async with aiohttp.ClientSession() as session:
-            vllm = await self._range(session, _query("|".join(re.escape(n) for n in _vllm_names()), self.matchers), start, end, steps)
-            sidecar = await self._range(session, _query(f"{SIDECAR_PREFIX}(gpu|process|gil)_.+", self.matchers), start, end, steps)
-            seqs = await self._range(session, _query(f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers), start, end, steps)
-            dcgm = await self._range(session, _query("DCGM_FI_.+", self.matchers), start, end, steps)
+            vllm = await self._range(session, "|".join(re.escape(n) for n in _vllm_names()), self.matchers, start, end, steps)
+            sidecar = await self._range(session, f"{SIDECAR_PREFIX}(gpu|process|gil)_.+", self.matchers, start, end, steps)
+            seqs = await self._range(session, f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers, start, end, steps)
+            dcgm = await self._range(session, "DCGM_FI_.+", self.matchers, start, end, steps)
             if not dcgm and self.matchers:  # scraped without honor_labels, dcgm-exporter's pod and namespace are exported_*
-                dcgm = await self._range(session, _query("DCGM_FI_.+", _exported(self.matchers)), start, end, steps)
+                dcgm = await self._range(session, "DCGM_FI_.+", _exported(self.matchers), start, end, steps)
         where = f" matching {{{self.matchers}}}" if self.matchers else ""
         if not vllm and not sidecar:
             raise HistoryError(f"no vLLM series{where} in Prometheus at {redact_url(self.url)} between {start:.0f} and {end:.0f}: was vLLM scraped then?")
         self._one_server(vllm or sidecar)
-        last = [float(s["values"][-1][1]) for s in seqs if s["values"]]
-        self.max_num_seqs = int(max(last)) if last and math.isfinite(max(last)) and max(last) >= 1 else None
         times = [start + i * self.limits.step_seconds for i in range(steps)]
-        readings = list(self._vllm_readings(vllm, times)) if vllm else []
+        readings = list(self._vllm_readings(vllm, times, self._exported_max_num_seqs(seqs))) if vllm else []
         if not vllm:  # a sidecar whose vLLM Prometheus did not scrape: its GPU and host readings still judge those layers
             self.notes.append(f"no vLLM series{where}: only the sidecar's GPU and host readings are judged; the vLLM conditions are unknown")
         readings += self._sidecar_readings(sidecar, times)
@@ -214,7 +211,10 @@ class PrometheusHistory:
                 readings.append(Reading(GPU_SOURCE, t, True, samples, meta=GpuMeta(gpus=gpus, selection="dcgm-exporter's series in Prometheus")))
         return readings
 
-    async def _range(self, session: aiohttp.ClientSession, query: str, start: float, end: float, steps: int) -> list[dict[str, Any]]:
+    async def _range(self, session: aiohttp.ClientSession, names: str, matchers: str, start: float, end: float, steps: int) -> list[dict[str, Any]]:
+        """The series named by the regex `names` (and `matchers`) from start to end; series the answer holds under other
+        names are not used, and said."""
+        query = _query(names, matchers)
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.limits.step_seconds:g}"}
         try:
             async with session.post(f"{self.url}/api/v1/query_range", data=params) as response:
@@ -246,7 +246,23 @@ class PrometheusHistory:
             raise HistoryError(
                 f"Prometheus at {redact_url(self.url)} answered in a shape that is not a query_range matrix (data.result: series of metric and values)"
             )
-        return [clean for series in result if (clean := _clean_series(series)) is not None]
+        found = [clean for series in result if (clean := _clean_series(series)) is not None]
+        asked = re.compile(names)
+        stray = [s for s in found if not asked.fullmatch(s["metric"].get("__name__", ""))]
+        if stray:
+            example = stray[0]["metric"].get("__name__", "a series without a name")[:80]
+            self.notes.append(f"Prometheus answered {len(stray)} series its query did not ask for (e.g. {example!r}): not used")
+        return [s for s in found if asked.fullmatch(s["metric"].get("__name__", ""))]
+
+    @staticmethod
+    def _exported_max_num_seqs(series: list[dict[str, Any]]) -> dict[float, int]:
+        """The max_num_seqs the sidecar beside this vLLM exported, by time (its largest where several series answer)."""
+        by_time: dict[float, int] = {}
+        for s in series:
+            for t, value in s["values"]:
+                if math.isfinite(value) and 1 <= value <= MAX_NUM_SEQS_READ:
+                    by_time[round(float(t), 3)] = max(by_time.get(round(float(t), 3), 0), int(value))
+        return by_time
 
     @staticmethod
     def _one_server(series: list[dict[str, Any]]) -> None:
@@ -270,7 +286,7 @@ class PrometheusHistory:
                     by_time.setdefault(round(float(t), 3), {})[(name, labels)] = number
         return by_time
 
-    def _vllm_readings(self, series: list[dict[str, Any]], times: list[float]) -> Iterable[Reading]:
+    def _vllm_readings(self, series: list[dict[str, Any]], times: list[float], max_num_seqs: dict[float, int]) -> Iterable[Reading]:
         by_time = self._by_time(series, rename=True)
         if not by_time:
             raise HistoryError(f"vLLM's series in Prometheus at {redact_url(self.url)} hold no number in the range (NaN or no points)")
@@ -280,7 +296,8 @@ class PrometheusHistory:
             if round(t, 3) < first:
                 continue  # before vLLM's first sample in the range the history has not begun: no outage
             if samples:
-                yield Reading(VLLM_SOURCE, t, True, samples)
+                seqs = max_num_seqs.get(round(t, 3))
+                yield Reading(VLLM_SOURCE, t, True, samples, meta=VllmMeta(exported_max_num_seqs=seqs) if seqs else VllmMeta())
             else:  # Prometheus marks a failed scrape's series stale: nothing at this step is an outage
                 yield Reading(VLLM_SOURCE, t, False, error="no vLLM sample in Prometheus at this time (down, or not scraped)", error_reason="no_data")
 
