@@ -9,6 +9,7 @@ import gc
 import logging
 import math
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
+
+from aiohttp.web import Application, AppRunner
 
 from . import html_report
 from .capture import demo_capture_path, read_readings
@@ -28,7 +31,7 @@ from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
 from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources, every, start_sources
-from .server import PROBE_PATHS, make_app, probe_answer, serve
+from .server import PROBE_PATHS, CappedTCPSite, ProbeAnswer, make_app, probe_answer, serve
 from .sources.gil import dump_stacks, where_stuck
 from .webconfig import OPEN_PATHS, WebConfig
 
@@ -409,6 +412,7 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
         loop.add_signal_handler(sig, stop)
     loop.add_signal_handler(signal.SIGHUP, reload_now)
     refreshing = asyncio.create_task(_refresh_web_config(web, stopping)) if web is not None else None
+    draining: set[asyncio.Task[None]] = set()
     try:
         while True:
             running = current.daemon
@@ -422,13 +426,40 @@ async def serve_forever(config: Config, watch: ConfigWatch | None = None, web: W
             current.daemon = replacement
             running.shutdown()
             if _listener(replacement.config) != _listener(running.config):
-                await runner.cleanup()
-                runner, _ = await serve(app, *_listener(replacement.config), tls, probe)
+                runner = await _move_listener(runner, app, _listener(running.config), _listener(replacement.config), tls, probe, draining)
     finally:
         if refreshing is not None:
             refreshing.cancel()
         await runner.cleanup()  # before the last pipeline goes: a scrape in flight may still render on it
         current.daemon.shutdown()
+
+
+async def _move_listener(
+    old: AppRunner,
+    app: Application,
+    before: tuple[str, int, int, float],
+    after: tuple[str, int, int, float],
+    tls: ssl.SSLContext | None,
+    probe: tuple[ProbeAnswer, frozenset[str]],
+    draining: set[asyncio.Task[None]],
+) -> AppRunner:
+    """The listener's own settings changed: a new site takes over at once, on the same listening socket where the address
+    did not change (connections queued meanwhile are answered, not reset), and the old connections drain behind it
+    (waiting for them first once left the probes unanswered for seconds under load). A new address that cannot be bound
+    keeps the old one, saying so."""
+    same = before[:2] == after[:2]
+    kept = next((site.listening_socket() for site in old.sites if isinstance(site, CappedTCPSite)), None) if same else None
+    for site in list(old.sites):
+        await site.stop()  # closes this site's listening socket only
+    try:
+        runner, _ = await serve(app, *after, tls, probe, sock=kept)
+    except OSError as error:
+        log.error("cannot listen on %s:%d (%s): still listening on %s:%d; restart the sidecar to move it", after[0], after[1], error, before[0], before[1])
+        runner, _ = await serve(app, *before, tls, probe)
+    task = asyncio.create_task(old.cleanup())
+    draining.add(task)
+    task.add_done_callback(draining.discard)
+    return runner
 
 
 async def _reload(daemon: Daemon, web: WebConfig | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
@@ -34,6 +35,11 @@ class VllmMeta(TypedDict, total=False):
     dropped: dict[str, int]  # reason -> series refused (sources.vllm.DROP_REASONS)
     engine_generation: str  # "v0" where only V0's names appear
     version: str  # vLLM's GET /version
+    exported_max_num_seqs: int  # what the sidecar beside it exported (vllm_triage_vllm_max_num_seqs), read from Prometheus' history
+
+
+# The largest max_num_seqs read from the monitored host or a history (data, not trust): larger is no count of vLLM's.
+MAX_NUM_SEQS_READ = 2**20
 
 
 class ThreadSample(TypedDict, total=False):
@@ -106,10 +112,21 @@ class GpuMeta(TypedDict, total=False):
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a
 # minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). Bounded by
 # the bytes of the label text it holds (not by entries: churning 4 KB labels grew it to 500 MB):
-# cleared when over, which only costs re-interning the label sets still in use.
+# cleared when over, which only costs re-interning the label sets still in use. A new label set's
+# (name, value) pairs are shared too, and their strings interned: a model name new at every scrape is
+# then one string and one pair per page, not one copy per series (31 engines of 600-character names
+# new at every scrape: 6,000 copies a page, 34 pages in the window).
 _INTERNED_LABELS: dict[Labels, Labels] = {}
+_INTERNED_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
 MAX_INTERNED_LABEL_BYTES = 16 * 1024 * 1024
 _interned_bytes = 0
+
+
+def _shared_pair(pair: tuple[str, str]) -> tuple[str, str]:
+    shared = _INTERNED_PAIRS.get(pair)
+    if shared is None:
+        shared = _INTERNED_PAIRS[pair] = (sys.intern(pair[0]), sys.intern(pair[1]))
+    return shared
 
 
 def make_labels(labels: dict[str, str]) -> Labels:
@@ -120,8 +137,10 @@ def make_labels(labels: dict[str, str]) -> Labels:
         size = 64 + sum(len(k) + len(v) + 16 for k, v in key)
         if _interned_bytes + size > MAX_INTERNED_LABEL_BYTES:
             _INTERNED_LABELS.clear()
+            _INTERNED_PAIRS.clear()
             _interned_bytes = 0
-        shared = _INTERNED_LABELS[key] = key
+        shared = tuple(map(_shared_pair, key))
+        _INTERNED_LABELS[shared] = shared
         _interned_bytes += size
     return shared
 

@@ -10,6 +10,7 @@ the GIL's signals together. `parse_scope` gives the typed view of a key.
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
@@ -70,7 +71,7 @@ def scope_of(labels: Labels) -> str:
             return gpu_scope(value)  # GPU series: one scope per GPU
         elif key == "role":
             return role_scope(value)  # vLLM's processes: one scope per role
-    return engine_scope(model, engine)
+    return sys.intern(engine_scope(model, engine))  # one string per engine, not per label set (a model name can be 1 kB)
 
 
 @lru_cache(maxsize=4096)

@@ -8,6 +8,7 @@ import gzip
 import html
 import json
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -223,8 +224,10 @@ class CappedTCPSite(web.TCPSite):
         ssl_context: ssl.SSLContext | None = None,
         handshake_seconds: float = 10.0,
         probe: tuple[ProbeAnswer, frozenset[str]] | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         super().__init__(runner, host, port)
+        self.sock = sock  # a listening socket to serve on instead of binding host:port (a reload hands it over)
         self.tls = ssl_context
         self.max_connections = max_connections
         self.handshake_seconds = handshake_seconds
@@ -254,14 +257,19 @@ class CappedTCPSite(web.TCPSite):
             self.lane_connections += 1
             return _Slot(_ProbeLane(*self.probe), self._lane_release, self.tls, min(self.handshake_seconds, PROBE_LANE_SECONDS))
 
-        self._server = await asyncio.get_running_loop().create_server(
-            protocol,
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
-            reuse_port=self._reuse_port,
-        )
+        loop = asyncio.get_running_loop()
+        if self.sock is not None:
+            self._server = await loop.create_server(protocol, sock=self.sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(
+                protocol, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
+            )
+
+    def listening_socket(self) -> socket.socket | None:
+        """A duplicate of the one socket the site listens on (None for several): its queue of connections outlives this
+        site, so a new site can take over without refusing or resetting any."""
+        sockets = self._server.sockets if isinstance(self._server, asyncio.Server) else ()
+        return sockets[0].dup() if len(sockets) == 1 else None
 
 
 class _Busy(asyncio.Protocol):
@@ -298,6 +306,7 @@ async def serve(
     header_timeout_seconds: float,
     ssl_context: ssl.SSLContext | None = None,
     probe: tuple[ProbeAnswer, frozenset[str]] | None = None,
+    sock: socket.socket | None = None,
 ) -> tuple[web.AppRunner, CappedTCPSite]:
     """Start serving `app` (over TLS with `ssl_context`); a client must finish each request's headers within
     `header_timeout_seconds` (also the idle keep-alive time between requests). Over the connection cap, `probe`
@@ -305,7 +314,7 @@ async def serve(
     logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=header_timeout_seconds)
     await runner.setup()
-    site = CappedTCPSite(runner, host, port, max_connections, ssl_context, handshake_seconds=header_timeout_seconds, probe=probe)
+    site = CappedTCPSite(runner, host, port, max_connections, ssl_context, handshake_seconds=header_timeout_seconds, probe=probe, sock=sock)
     await site.start()
     return runner, site
 

@@ -52,6 +52,14 @@ class Frame:
         by_scope = {scope: {k: tuple(v) for k, v in names.items()} for scope, names in scoped.items()}
         return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, by_scope, reading.meta)
 
+    def holds(self, scope: str) -> bool:
+        """Whether any series of the frame is the scope's own (not only its engine's shared ones)."""
+        if scope == AGGREGATE_SCOPE:
+            return bool(self.by_name)
+        if parse_scope(scope).kind == "gpu_group":
+            return any(member in self.by_scope for member in group_members(scope))
+        return scope in self.by_scope
+
     def series(self, name: str, scope: str) -> tuple[Series, ...]:
         """The series of `name` that belong to `scope`: all of them for the aggregate, else the scope's
         own plus its engine's shared ones. An index lookup, so judging many engines stays linear."""
@@ -63,9 +71,14 @@ class Frame:
             if parse_scope(scope).kind == "gpu_group":
                 found = tuple(s for member in group_members(scope) for s in self.by_scope.get(member, {}).get(name, ()))
             else:
-                found = self.by_scope.get(scope, {}).get(name, ())
+                own = self.by_scope.get(scope)
+                found = own.get(name, ()) if own is not None else ()
                 for shared in shared_scopes(scope):
                     found += self.by_scope.get(shared, {}).get(name, ())
+                if own is None:
+                    # Not remembered for a scope the frame does not hold: an engine under a model name new since this
+                    # frame would otherwise grow the memo of every frame in the window, tick after tick, under churn.
+                    return found
             self.memo[key] = found
         return found  # type: ignore[return-value]
 

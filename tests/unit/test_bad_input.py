@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -28,6 +29,8 @@ from harness.components import get, start_sidecar
 from .pages import Counters, page, reading
 from .test_outlets import families, saturated_daemon, serve_and_get
 from .test_vllm_source import free_port
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def strict_json(body: bytes) -> dict:
@@ -348,6 +351,38 @@ def test_churning_label_sets_are_bounded_by_bytes_not_entries():
     assert sum(len(v) for labels in model._INTERNED_LABELS for _, v in labels) <= model.MAX_INTERNED_LABEL_BYTES
 
 
+def test_model_names_that_change_every_scrape_cost_about_what_stable_names_cost():
+    """31 engines with 600-character model names, new at every scrape, took the sidecar to 766 MB: each frame of the
+    window remembered window maths for every engine scope seen after it, and each series kept its own copy of the name.
+    The same pages are judged twice, once with a stable name and once with a new name at every scrape: the churning
+    run holds at most twice the memory (8x before)."""
+    import tracemalloc
+
+    from vllm_triage.pipeline import Pipeline
+    from vllm_triage.signals.vllm import VLLM_SAMPLES_READ
+    from vllm_triage.sources.vllm import parse_page
+
+    one_engine = (DATA / "vllm-0.32.0-cpu-kv-saturated.metrics.txt").read_text().splitlines()
+    lines = [line.replace('engine="0"', f'engine="{e}"') for line in one_engine if line.startswith("vllm:") for e in range(4)]
+    text = "\n".join(lines) + "\n"
+
+    def held_bytes(churn: bool) -> int:
+        pipeline, memo = Pipeline(load(env={})), {}
+        tracemalloc.start()
+        try:
+            for tick in range(40):  # past the store's 68 s horizon at the default 2 s cadence
+                name = f"{tick if churn else 0:04d}" + "x" * 596
+                samples, meta = parse_page(text.replace('model_name="', f'model_name="{name}'), keep=VLLM_SAMPLES_READ, memo=memo)
+                pipeline.feed(Reading("vllm", 2.0 * tick, True, samples, meta=meta))
+                snapshot = pipeline.evaluate(2.0 * tick)
+            assert sum(1 for scope in snapshot.signals if scope.startswith(name)) == 4  # today's engines are judged
+            return tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+
+    assert held_bytes(churn=True) <= 2 * held_bytes(churn=False)
+
+
 def test_history_is_kept_per_source_only_as_long_as_its_windows_need():
     """vLLM pages for the longest window (60 s + a few scrapes), py-spy windows for their 3-minute lookback:
     keeping every page as long as the py-spy lookback tripled the memory under label churn."""
@@ -362,3 +397,61 @@ def test_history_is_kept_per_source_only_as_long_as_its_windows_need():
     kept = {source: len(pipeline.store.window(source, 0, 600)) for source in ("vllm", GIL_SOURCE)}
     assert kept["vllm"] <= (60 + 8) // 2 + 1
     assert kept[GIL_SOURCE] >= 3
+
+
+def test_a_reload_that_moves_the_listener_keeps_the_probes_answering_under_load(tmp_path):
+    """A reload that changes the listener's own settings once waited for its slow connections to drain before the new
+    listener started: 5 s without /engine-liveness under page load (a kubelet fails vLLM's probe on 1 s timeouts), and
+    no readings meanwhile. The old socket now stops listening at once, the new one starts, and the old connections
+    drain behind it."""
+    import threading
+
+    config = "engine_liveness_endpoint: true\nhttp_header_timeout_seconds: 5\nmax_connections: 64\n"
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", config, "--demo")
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    slow = []
+    for n in range(40):  # clients midway through their headers, and clients that ask for a page and do not read it
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /report.html HTTP/1.1\r\nHost: x\r\n" + (b"\r\n" if n % 2 else b""))
+        slow.append(client)
+    stop = threading.Event()
+
+    def page_load() -> None:
+        while not stop.is_set():
+            try:
+                get(sidecar.url + "/report.html", timeout=5)
+            except OSError:
+                time.sleep(0.05)
+
+    loaders = [threading.Thread(target=page_load, daemon=True) for _ in range(4)]
+    try:
+        for thread in loaders:
+            thread.start()
+        (tmp_path / "sidecar.yaml").write_text(config.replace("max_connections: 64", "max_connections: 65"))
+        sidecar.process.send_signal(signal.SIGHUP)
+        answered, failures, longest, last_ok = [], [], 0.0, time.monotonic()
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            try:
+                status = get(sidecar.url + "/engine-liveness", timeout=1)[0]
+            except OSError as error:
+                status = type(error).__name__
+            ok = status == 200
+            if not ok:
+                failures.append(status)
+            now = time.monotonic()
+            if ok:
+                longest, last_ok = max(longest, now - last_ok), now
+            answered.append(ok)
+            time.sleep(0.05)
+        log = sidecar.log_path.read_text()
+        assert "continuing with it" in log, log
+        assert not failures, (failures, longest, log[-2000:])
+    finally:
+        stop.set()
+        for client in slow:
+            client.close()
+        sidecar.process.terminate()
+        assert sidecar.process.wait(timeout=60) == 0

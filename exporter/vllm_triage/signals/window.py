@@ -114,13 +114,24 @@ class WindowView:
         named = {scope for scope in seen if parse_scope(scope).kind != "shared"}
         return sorted(named or seen)
 
+    def _frames_of(self, scope: str) -> tuple[int, list[Frame]]:
+        """Where the scope first appears in the window, and the frames from there on. Before it the scope did not
+        exist (an engine under a model name that is new since): nothing of it is computed or remembered in those
+        frames, or a page whose model names change at every scrape would grow every frame's memo by each later
+        scope, tick after tick. A scope's steps into its first frame count nothing, as before any series of it."""
+        found = self._cache.get(("since", scope))
+        if found is None:
+            start = next((i for i, frame in enumerate(self.frames) if frame.holds(scope)), len(self.frames))
+            self._cache[("since", scope)] = found = (start, self.frames[start:] if start else self.frames)
+        return found  # type: ignore[return-value]
+
     def gauge_points(self, name: str, scope: str, combine: Callable[[list[float]], float] = sum) -> list[float]:
         """One value per frame: the scope's series combined (summed, or the max for ratios)."""
         key = ("gauge", name, scope, combine)
         cached = self._cache.get(key)
         if cached is None:
             points: list[float] = []
-            for frame in self.frames:
+            for frame in self._frames_of(scope)[1]:
                 point = frame.memo.get(key, _MISSING)  # a frame's point is computed once, then read at every tick
                 if point is _MISSING:
                     values = [s.value for s in frame.series(name, scope)]
@@ -137,19 +148,20 @@ class WindowView:
         if key in self._cache:
             return self._cache[key]  # type: ignore[return-value]
         result: float | None = None
-        if len(self.frames) >= 2:
+        frames = self._frames_of(scope)[1]
+        if len(frames) >= 2:
 
             def advance(total: object, previous: Frame, frame: Frame) -> tuple[float, float | None]:
                 increase, seen = _counter_step(previous, frame, name, scope, where)
                 before, last_seen = cast("tuple[float, float | None]", total)
                 return before + increase, frame.timestamp if seen else last_seen
 
-            first, last = _running_totals(self.frames, ("counter_total", name, scope, where), (0.0, None), advance)
+            first, last = _running_totals(frames, ("counter_total", name, scope, where), (0.0, None), advance)
             (first_total, _), (last_total, last_seen) = cast("tuple[float, float | None]", first), cast("tuple[float, float | None]", last)
-            if (last_seen is not None and last_seen >= self.frames[1].timestamp) or any(
-                where is None or where(s.labels) for s in self.frames[0].series(name, scope)
-            ):
+            if (last_seen is not None and last_seen >= frames[1].timestamp) or any(where is None or where(s.labels) for s in frames[0].series(name, scope)):
                 result = last_total - first_total
+        elif len(self.frames) >= 2 and frames and any(where is None or where(s.labels) for s in frames[0].series(name, scope)):
+            result = 0.0  # first seen in the newest frame: no step of it yet
         self._cache[key] = result
         return result
 
@@ -158,9 +170,10 @@ class WindowView:
         frame has it."""
         key = ("steps", name, scope)
         if key not in self._cache:
-            steps = [_counter_step(previous, frame, name, scope, None) for previous, frame in pairwise(self.frames)]
-            seen = any(s for _, s in steps) or bool(self.frames and self.frames[0].series(name, scope))
-            self._cache[key] = [increase for increase, _ in steps] if seen else None
+            start, frames = self._frames_of(scope)
+            steps = [_counter_step(previous, frame, name, scope, None) for previous, frame in pairwise(frames)]
+            seen = any(s for _, s in steps) or bool(frames and frames[0].series(name, scope))
+            self._cache[key] = [0.0] * start + [increase for increase, _ in steps] if seen else None
         return self._cache[key]  # type: ignore[return-value]
 
     def rate(self, name: str, scope: str, where: Callable[[Labels], bool] | None = None) -> float | None:
@@ -174,7 +187,8 @@ class WindowView:
         if key in self._cache:
             return self._cache[key]  # type: ignore[return-value]
         result: HistogramDelta | None = None
-        if len(self.frames) >= 2:
+        start, frames = self._frames_of(scope)
+        if len(self.frames) >= 2 and frames:
 
             def advance(total: object, previous: Frame, frame: Frame) -> Totals:
                 # Per frame: the counts so far, the bounds its step had and since when. Frames share what did
@@ -191,11 +205,13 @@ class WindowView:
                 return counts, layout, since
 
             totals_key = ("bucket_totals", name, scope)
-            first, last = _running_totals(self.frames, totals_key, ({}, frozenset(), self.frames[0].timestamp), advance)
+            first, last = _running_totals(frames, totals_key, ({}, frozenset(), frames[0].timestamp), advance)
             first_counts, (last_counts, bounds, since) = cast("Totals", first)[0], cast("Totals", last)
-            if since > self.frames[1].timestamp:  # the layout changed inside the window: its bounds are every step's
-                bounds = frozenset(s.le for f in self.frames[1:] for s in f.series(name + "_bucket", scope) if s.le is not None)
-            by_bound = {bound: last_counts[bound] - first_counts.get(bound, 0.0) for bound in bounds}
+            if start:  # the scope's first frame is a step into its bounds, counting nothing
+                bounds = frozenset(s.le for f in frames for s in f.series(name + "_bucket", scope) if s.le is not None)
+            elif since > frames[1].timestamp:  # the layout changed inside the window: its bounds are every step's
+                bounds = frozenset(s.le for f in frames[1:] for s in f.series(name + "_bucket", scope) if s.le is not None)
+            by_bound = {bound: last_counts.get(bound, 0.0) - first_counts.get(bound, 0.0) for bound in bounds}
             if by_bound:
                 result = HistogramDelta(
                     buckets=sorted(by_bound.items()),
