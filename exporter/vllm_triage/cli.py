@@ -26,7 +26,7 @@ from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
 from .registry import build_sources, start_sources
-from .report import format_report, format_transition
+from .report import SEVERITY_ORDER, format_report, format_transition
 from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 from .webconfig import load_web_config
 
@@ -146,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _history_flags(diagnose)
     diagnose.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
+    diagnose.add_argument(
+        "--fail-on",
+        choices=("critical", "warning", "info"),
+        help="Exit 1 when a verdict of this severity or a more severe one is active (a check in CI or a cron job). Default: exit 0 whatever is found.",
+    )
 
     record = commands.add_parser("record", help="Write raw readings to a capture file (gzip JSON lines) for replay.")
     with_config(record)
@@ -323,7 +328,11 @@ def _print_diagnosis(args: argparse.Namespace, snapshot: Snapshot, target: str) 
         print(format_report(snapshot, target), end="")
     # vLLM never read: the finding is the outage, and no other verdict could be made (exit 1, as a check would)
     never_read = any(h.source == VLLM_SOURCE and h.last_success_timestamp is None and h.up is False for h in snapshot.sources)
-    return 1 if never_read else 0
+    worst = SEVERITY_ORDER[args.fail_on] if args.fail_on else -1
+    failing = [v.condition for v in snapshot.verdicts if v.active and SEVERITY_ORDER.get(v.severity, 9) <= worst]
+    if failing:
+        print(f"vllm-triage: {', '.join(failing)} active (--fail-on {args.fail_on})", file=sys.stderr)
+    return 1 if never_read or failing else 0
 
 
 def _record(args: argparse.Namespace, config: Config) -> int:

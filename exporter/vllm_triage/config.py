@@ -482,12 +482,21 @@ def load(config_file: str | None = None, env: Mapping[str, str] | None = None, f
     return Config(**values, conditions=_condition_settings(file_conditions, values["window_seconds"]))
 
 
+def _shown(default: object) -> str:
+    """A default as one would write it in the flag or the env variable (a list comma-separated, not a Python tuple)."""
+    if isinstance(default, (tuple, list)):
+        return ",".join(str(item) for item in default)
+    if isinstance(default, bool):
+        return str(default).lower()
+    return "unset" if default is None else str(default)
+
+
 def add_flags(parser: argparse.ArgumentParser, keys: tuple[str, ...] | None = None) -> None:
     """One flag per option, documented with its env variable and default."""
     for option in OPTIONS:
         if keys is not None and option.key not in keys:
             continue
-        described = f"{option.help} [env {option.env}; default {option.default}]"
+        described = f"{option.help} [env {option.env}; default {_shown(option.default)}]"
         if option.parse is _boolean:
             parser.add_argument(option.flag, dest=option.key, default=None, action=argparse.BooleanOptionalAction, help=described)
         else:

@@ -383,6 +383,7 @@ class Snapshot:
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = json_safe(
             {
+                "schema_version": DIAGNOSIS_SCHEMA_VERSION,
                 "timestamp": self.timestamp,
                 "window_seconds": self.window_seconds,
                 "evaluations": self.evaluations,
@@ -398,6 +399,11 @@ class Snapshot:
             }
         )
         return record
+
+
+# /diagnosis' shape: raised when a field goes away or changes its meaning (a new field does not raise it), so that a
+# consumer can refuse what it cannot read instead of misreading it.
+DIAGNOSIS_SCHEMA_VERSION = 1
 
 
 def diagnosis_json(snapshot: Snapshot) -> bytes:

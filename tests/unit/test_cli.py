@@ -21,6 +21,9 @@ def test_serve_help_documents_every_option(capsys):
     for option in OPTIONS:
         assert option.flag in out
         assert option.env in out.replace("\n", " ").replace("  ", " ") or option.env in out
+    # defaults as one writes them in the flag or the env variable, not as Python prints its values
+    flat = " ".join(out.split())
+    assert "default vllm,process,gpu,gil]" in flat and "('" not in flat and "default None]" not in flat
 
 
 def test_bad_config_value_stops_startup_with_a_named_key(tmp_path, capsys):
@@ -88,6 +91,10 @@ def test_diagnose_capture_at_a_moment_prints_an_actionable_report(capsys):
     assert "max_num_seqs=32 (from the vLLM command line" in report
     assert "PRIMARY: kv_cache_saturated" in report
     assert "COULD NOT JUDGE" not in report  # every layer is in the capture: vLLM, GPU, processes, GIL
+    # as a check: the saturation's warnings fail --fail-on warning, not --fail-on critical (none is critical there)
+    moment = ["diagnose", "--capture", "demo", "--at", str(span * 0.62), "--seconds", "60"]
+    assert main([*moment, "--fail-on", "warning"]) == 1 and "kv_cache_saturated" in capsys.readouterr().err
+    assert main([*moment, "--fail-on", "critical"]) == 0
 
 
 def test_capture_round_trip(tmp_path):

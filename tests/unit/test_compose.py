@@ -76,7 +76,16 @@ def test_sidecar_shares_vllms_pid_namespace_with_ptrace_and_reads_nvml_only():
     assert sidecar["runtime"] == services["vllm"]["runtime"] == "nvidia"
     assert sidecar["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert sidecar["environment"]["NVIDIA_VISIBLE_DEVICES"] == services["vllm"]["environment"]["NVIDIA_VISIBLE_DEVICES"]
-    assert sidecar["ports"] == [{"published": DEFAULT_PORT, "target": DEFAULT_PORT}]
+    assert sidecar["ports"] == [f"127.0.0.1:{DEFAULT_PORT}:{DEFAULT_PORT}/tcp"]
+
+
+def test_every_port_is_published_on_the_loopback_only():
+    """vLLM without an API key, Prometheus with --web.enable-lifecycle and an anonymous Grafana were published on every
+    interface of the host."""
+    for files in (GPU, CPU):
+        for name, service in resolved(*files)["services"].items():
+            for port in service.get("ports", []):  # docker-compose config writes each as host_ip:published:target/protocol
+                assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
 def test_cpu_variant_needs_no_nvidia_runtime_and_turns_the_gpu_view_off():

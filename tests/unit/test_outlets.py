@@ -127,6 +127,7 @@ def test_diagnosis_json_says_what_why_and_what_next():
     assert doc["sources"]["vllm"]["up"] is True
     assert doc["discovery"]["max_num_seqs_origin"] == "config"
     assert doc["signals"]["m/0"]["requests_waiting_mean"] == 12
+    assert next(iter(doc)) == "schema_version" and doc["schema_version"] == 1  # first, so a consumer reads it first
 
 
 def test_report_reads_like_the_diagnose_command_and_is_rendered_once_per_snapshot():
