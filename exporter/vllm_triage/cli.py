@@ -52,7 +52,23 @@ SCRAPE_KEYS = (
     "gil_rate",
     "gil_nonblocking",
     "log_level",
+    "log_format",
 )
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per log line (log pipelines parse it without a pattern), as node_exporter's --log.format=json."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 def _seconds(text: str) -> float:
@@ -408,11 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"vllm-triage: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if config.log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     try:
         if args.command == "serve":
             watch = ConfigWatch(Path(args.config), partial(_config, args)) if getattr(args, "config", None) else None

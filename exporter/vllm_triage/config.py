@@ -46,6 +46,7 @@ def redact_url(url: str) -> str:
 DEFAULT_PORT = 10290
 ENV_PREFIX = "VLLM_TRIAGE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -333,6 +334,9 @@ class Config:
         "X",
     )
     log_level: str = option("info", _choice(*LOG_LEVELS), "Log level.", "LEVEL")
+    log_format: str = option(
+        "text", _choice(*LOG_FORMATS), "Log lines as text, or json: one object per line (time, level, logger, msg) for a log pipeline. Read at start.", "FORMAT"
+    )
     conditions: dict[str, ConditionSettings] = field(default_factory=dict)
 
     @property

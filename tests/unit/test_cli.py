@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
+import subprocess
 import time
 
 import pytest
@@ -11,7 +13,8 @@ from vllm_triage.capture import CaptureWriter, demo_capture_path, read_descripti
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
 
-from harness.components import start_sidecar
+from harness.components import BIN, start_sidecar
+from harness.vllm_server import free_port
 
 
 def test_serve_help_documents_every_option(capsys):
@@ -203,3 +206,19 @@ def test_fleet_names_replicas_out_of_balance():
 
     found = imbalances([server("a-0", "a", 12.0), server("a-1", "a", 0.0), server("b-0", "b", 9.0), server("b-1", "b", 8.0)])
     assert found == ["llm/a: llm/a-0 has 12.0 requests waiting on average while llm/a-1 has 0.0: requests are routed unevenly (adding replicas will not help)"]
+
+
+def test_log_format_json_writes_one_object_per_line(tmp_path):
+    """For a log pipeline (Loki, Fluent Bit): every log line parses as JSON, with its time, level, logger and message."""
+    process = subprocess.Popen(
+        [str(BIN / "vllm-triage"), "serve", "--demo", "--log-format", "json", "--listen", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    entries = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any(e["msg"].startswith("demo: replaying") and e["level"] == "info" for e in entries), err
+    assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)

@@ -37,6 +37,7 @@ shareProcessNamespace: true.
     - --listen=0.0.0.0:{{ $port }}
     - --sources={{ join "," $sources }}
     - --log-level={{ $triage.logLevel }}
+    - --log-format={{ $triage.logFormat }}
     {{- with .maxNumSeqs }}
     - --max-num-seqs={{ . }}
     {{- end }}
