@@ -579,11 +579,20 @@ def test_the_readmes_quote_the_profiler_defaults_the_chart_ships(readme):
     assert "pauses vLLM" not in text and "pauses the engine core" not in text  # py-spy's default mode (nonblocking) pauses nothing
 
 
-def test_a_rollout_replaces_one_replica_at_a_time_and_a_drain_respects_the_budget():
-    """A sidecar image bump or a log level change must not take every vLLM replica down for a model load at once."""
+def test_a_rollout_keeps_serving_waits_out_the_model_load_and_lets_generations_finish():
+    """A sidecar image bump or a log level change must not take vLLM down for a model load: by default a new pod starts
+    beside the old ones, which serve until it is ready; the rollout is not failed while the startup probe still allows
+    the load (the 600 s default deadline was under the 1800 s it allows); a stopping pod's generations get 120 s. In
+    place, one at a time, where there is no room to surge."""
     objects = render({"replicaCount": 3, "podDisruptionBudget": {"enabled": True}})
     deployment = next(o for o in objects if o["kind"] == "Deployment")
-    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert deployment["spec"]["progressDeadlineSeconds"] == 1800 + 600
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+    in_place = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    tuned = one(render({"vllm": {"strategy": in_place, "startupSeconds": 3600, "terminationGracePeriodSeconds": 600}}), "Deployment")
+    assert tuned["spec"]["strategy"] == in_place and tuned["spec"]["progressDeadlineSeconds"] == 4200
+    assert tuned["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
     budget = next(o for o in objects if o["kind"] == "PodDisruptionBudget")
     assert budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
