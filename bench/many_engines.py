@@ -1,6 +1,7 @@
 """What one sidecar costs as the watched server grows: CPU, RSS and /metrics latency against a page
 made of the real vLLM 0.32.0 KV-saturated capture repeated once per data-parallel engine, and
-against a page whose label explodes (refused by max_series). Prints a table; nothing is enforced.
+against a page whose label explodes (refused by max_series); then the CPU while a browser reloads the live
+incident page (/report.html) every second. Prints a table; nothing is enforced.
 
     .venv/bin/python -m bench.many_engines [--engines 1 8 32 64] [--warmup 70] [--seconds 20]
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from bench.sidecar_overhead import percentile, scrape_latencies
-from harness.components import start_sidecar
+from harness.components import get, start_sidecar
 from harness.vllm_server import free_port
 
 CAPTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "vllm-0.32.0-cpu-kv-saturated.metrics.txt"
@@ -63,6 +64,12 @@ def measure(name: str, page: str, warmup: float, seconds: float) -> str:
             cpu = (after.user + after.system - before.user - before.system) / (ended - started)
             rss = process.memory_info().rss
             latencies = asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 100))
+            before, started = process.cpu_times(), time.monotonic()
+            while time.monotonic() - started < seconds:  # the incident page open in a browser that reloads it every second
+                get(sidecar.url + "/report.html", timeout=30)
+                time.sleep(1.0)
+            after, ended = process.cpu_times(), time.monotonic()
+            polled = (after.user + after.system - before.user - before.system) / (ended - started)
         finally:
             sidecar.process.terminate()
             sidecar.process.wait(timeout=30)
@@ -71,7 +78,7 @@ def measure(name: str, page: str, warmup: float, seconds: float) -> str:
     return (
         f"{name}: page {len(page) / 1e6:.1f} MB; sidecar {cpu:.3f} cores, {rss / 1e6:.0f} MB RSS; "
         f"/metrics p50 {statistics.median(latencies) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms, "
-        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms"
+        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms; /report.html reloaded every 1 s: {polled:.3f} cores"
     )
 
 

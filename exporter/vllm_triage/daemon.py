@@ -113,7 +113,7 @@ class Daemon:
             snapshot = self.snapshot
             if self._page is None or self._page[0] is not snapshot:
                 try:
-                    readings = await self._in_pipeline(self.pipeline.store.readings)
+                    readings = await self._in_pipeline(partial(self.pipeline.store.readings, html_report.PLOTTED))
                 except RuntimeError:  # the pipeline thread is shut down: this daemon is being replaced by a reload
                     return self._page[1] if self._page else b"<!DOCTYPE html>\n<p>Reloading the configuration: ask again.</p>\n"
                 title = f"vllm-triage: {self.target}, its last {self.pipeline.store.horizon_seconds:.0f} s"

@@ -83,6 +83,27 @@ GPU_ACTIVITY = (
 )
 
 
+PCIE = (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx"))
+# The samples plots() reads: the live page takes only these from the in-memory window (a test renders both ways).
+PLOTTED = frozenset(
+    {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "gpu_power_watts",
+        "gpu_sm_clock_hertz",
+        "process_cpu_seconds_total",
+        "process_busiest_thread_cpu_ratio",
+        "gil_held_ratio",
+        *(name for name, _ in GPU_ACTIVITY + PCIE),
+    }
+)
+
+
 def _per_gpu(plot: Plot, gpu: list[Reading], metrics: tuple[tuple[str, str], ...]) -> Plot:
     """One series per GPU and metric: "<label> GPU <index>"."""
     for name, label in metrics:
@@ -115,7 +136,7 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
     result.append(Plot("Time to first token (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in TTFT_SIGNALS}))
     result.append(Plot("Inter-token latency (window quantiles)", "seconds", {label: _signal(snapshots, name) for name, label in ITL_SIGNALS}))
     result.append(_per_gpu(Plot("GPU activity", "ratio"), gpu, GPU_ACTIVITY))
-    result.append(_per_gpu(Plot("PCIe", "bytes_per_second"), gpu, (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx"))))
+    result.append(_per_gpu(Plot("PCIe", "bytes_per_second"), gpu, PCIE))
     power = Plot("GPU power", "watts", {f"GPU {i}": p for i, p in sorted(_gauge(gpu, "gpu_power_watts", by="gpu", reduce=max).items())})
     result.append(power)
     clocks = Plot("GPU SM clock", "hertz", {f"GPU {i}": p for i, p in sorted(_gauge(gpu, "gpu_sm_clock_hertz", by="gpu", reduce=max).items())})

@@ -154,11 +154,16 @@ class Store:
         state = self._sources.get(source)
         return state.failing_since if state else None
 
-    def readings(self) -> list[Reading]:
-        """Every source's kept ok readings again, oldest first: what the in-memory window holds (the live incident page)."""
+    def readings(self, names: frozenset[str] | None = None) -> list[Reading]:
+        """Every source's kept ok readings again (only the samples named in `names`, when given), oldest first: what the
+        in-memory window holds (the live incident page)."""
         found = [
             Reading(
-                state.name, frame.timestamp, True, {(name, s.labels): s.value for name, series in frame.by_name.items() for s in series}, meta=dict(frame.meta)
+                state.name,
+                frame.timestamp,
+                True,
+                {(name, s.labels): s.value for name, series in frame.by_name.items() if names is None or name in names for s in series},
+                meta=dict(frame.meta),
             )
             for state in self._sources.values()
             for frame in state.frames
