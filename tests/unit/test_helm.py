@@ -565,6 +565,14 @@ def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():
     assert re.search(r"^# TYPE vllm_triage_vllm_headroom_ratio gauge$", golden, re.MULTILINE)
     assert "vllm_triage_vllm_headroom_ratio{" in query and 'job="vllm-triage"' in query and 'namespace="inference"' in query
     assert float(trigger["metadata"]["threshold"]) == 0.8 and trigger["metricType"] == "AverageValue"
+    # fails safe: blind (no answer, or an empty one) holds the most replicas instead of scaling to the minimum, and a
+    # replica goes after the documented 10 minutes (cooldownPeriod alone acts only on the way to 0 replicas)
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    assert scaled["spec"]["fallback"] == {"failureThreshold": 3, "replicas": 6}
+    behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == scaled["spec"]["cooldownPeriod"] == 600
+    keda = {"enabled": True, "prometheusUrl": "http://p:9090", "fallbackReplicas": 2}
+    assert one(render({"autoscaling": {"keda": keda}}), "ScaledObject")["spec"]["fallback"]["replicas"] == 2
 
 
 @pytest.mark.parametrize("readme", [CHART / "README.md", ROOT / "README.md"])
