@@ -79,13 +79,16 @@ def test_sidecar_shares_vllms_pid_namespace_with_ptrace_and_reads_nvml_only():
     assert sidecar["ports"] == [f"127.0.0.1:{DEFAULT_PORT}:{DEFAULT_PORT}/tcp"]
 
 
-def test_every_port_is_published_on_the_loopback_only():
+def test_every_port_is_published_on_the_loopback_only_and_nothing_is_open_without_a_login():
     """vLLM without an API key, Prometheus with --web.enable-lifecycle and an anonymous Grafana were published on every
     interface of the host."""
     for files in (GPU, CPU):
         for name, service in resolved(*files)["services"].items():
             for port in service.get("ports", []):  # docker-compose config writes each as host_ip:published:target/protocol
                 assert str(port).startswith("127.0.0.1:"), (name, port)
+    services = resolved(*GPU)["services"]
+    assert not [arg for arg in services["prometheus"]["command"] if "lifecycle" in arg]  # no shutdown or reload over HTTP
+    assert services["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
 
 
 def test_cpu_variant_needs_no_nvidia_runtime_and_turns_the_gpu_view_off():
