@@ -882,7 +882,14 @@ _VLLM_ALERT_STEPS = {
     "(its sidecar's verdicts: gpu_throttled, gpu_starved).",
     "VllmTargetDown": "Check the pod's restarts and the vLLM container's logs (OOM kills, CUDA errors); the sidecar's `vllm_unreachable` says the same from inside the pod.",
     "VllmTriageDown": "Check the sidecar container (restarts, logs). The vLLM alerts above still work without it.",
-    "VllmTriageSourceDown": "Open `/diagnosis` on the sidecar: `sources.<name>.last_error` names the cause (no NVML library or GPU, vLLM unreachable, ...).",
+    "VllmTriageSourceDown": (
+        "Open `/diagnosis` on the sidecar: `sources.<name>.last_error` names the cause. By the alert's `source`: "
+        "`vllm`, its URL is wrong or vLLM does not answer (`vllm_unreachable` says which); "
+        "`gpu`, no NVML in the container (the NVIDIA runtime refused NVIDIA_VISIBLE_DEVICES, or no GPU on the node: a "
+        "sidecar watching a remote vLLM has none of its GPUs) — set `triage.gpu.enabled: false`, or `gpu_source: dcgm`; "
+        "`process` or `gil`, the pod does not share its process namespace or the sidecar lacks SYS_PTRACE — set "
+        "`profiler.enabled: true` in the chart, or remove the source from `sources`."
+    ),
 }
 
 

@@ -216,6 +216,22 @@ def test_standalone_watches_the_url_and_passes_restricted_pod_security(tmp_path)
     assert all(c["metadata"]["namespace"] == "monitoring" for c in objects if c["kind"] == "ConfigMap")
 
 
+def test_standalone_has_no_gpu_view_unless_asked_and_beside_vllm_it_has(tmp_path):
+    """Standalone, the pod holds none of the remote vLLM's GPUs: the GPU view on by default gave a VllmTriageSourceDown
+    that never cleared (or another pod's GPUs). triage.gpu.enabled: auto is on beside vLLM only."""
+    url = "http://vllm.inference.svc.cluster.local:8000"
+    for values, gpu in (
+        ({"vllm": {"enabled": False, "url": url}}, False),
+        ({"vllm": {"enabled": False, "url": url}, "triage": {"gpu": {"enabled": True}}}, True),
+        ({}, True),
+        ({"triage": {"gpu": {"enabled": False}}}, False),
+    ):
+        objects = render(values)
+        sidecar = containers(one(objects, "Deployment"))["vllm-triage"]
+        assert ("gpu" in sidecar_config(sidecar, objects, tmp_path).sources) is gpu, values
+        assert ("NVIDIA_VISIBLE_DEVICES" in {e["name"] for e in sidecar.get("env", [])}) is gpu, values
+
+
 def test_standalone_without_a_url_says_which_value_is_missing():
     with pytest.raises(helm_python.HelmError, match=r"vllm\.url is required"):
         render({"vllm": {"enabled": False}})

@@ -19,11 +19,14 @@ shareProcessNamespace: true.
 {{- $image := $v.image }}
 {{- $triage := $v.triage }}
 {{- $gpu := $triage.gpu }}
+{{- /* auto: the GPU view beside vLLM, none standalone (a remote vLLM's GPUs are on another node) */}}
+{{- $gpuOn := eq (toString $gpu.enabled) "true" }}
+{{- if eq (toString $gpu.enabled) "auto" }}{{ $gpuOn = not .standalone }}{{ end }}
 {{- $profiler := $v.profiler }}
 {{- $port := $triage.port }}
 {{- $sources := list "vllm" }}
 {{- if $profiler.enabled }}{{ $sources = append $sources "process" }}{{ end }}
-{{- if $gpu.enabled }}{{ $sources = append $sources "gpu" }}{{ end }}
+{{- if $gpuOn }}{{ $sources = append $sources "gpu" }}{{ end }}
 {{- if $profiler.enabled }}{{ $sources = append $sources "gil" }}{{ end }}
 - name: vllm-triage
   image: {{ include "vllm-triage.imageRef" (dict "image" $image "appVersion" .appVersion) | quote }}
@@ -68,7 +71,7 @@ shareProcessNamespace: true.
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
     - name: POD_NAMESPACE
       valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
-    {{- if ne (toString $gpu.enabled) "false" }}
+    {{- if $gpuOn }}
     # NVML from the NVIDIA runtime without requesting a GPU: see values.yaml, triage.gpu.
     - name: NVIDIA_VISIBLE_DEVICES
       value: all
