@@ -416,10 +416,46 @@ def test_dashboards_ship_as_configmaps_grafana_picks_up_under_this_releases_uids
     shipped = shipped_dashboards(render(ci_values("default")))
     expected = {}
     for name in DASHBOARDS:
-        dashboard = json.loads((ROOT / "dashboards" / name).read_text())
+        text = (ROOT / "dashboards" / name).read_text()
+        text = text.replace('cluster=~\\"$cluster\\"', 'cluster=~\\"$cluster\\",vllm_triage_release=\\"inference/llm\\"')
+        text = text.replace(
+            "label_values(vllm_triage_build_info, cluster)", 'label_values(vllm_triage_build_info{vllm_triage_release=\\"inference/llm\\"}, cluster)'
+        )
+        dashboard = json.loads(text)
         uid = release_uid(dashboard["uid"])
         expected[f"{uid}.json"] = {**dashboard, "uid": uid, "title": f"{dashboard['title']} (inference/llm)"}
     assert shipped == expected
+
+
+def dashboard_selectors(dashboard: dict) -> list[str]:
+    """Every series selector of a dashboard's queries and variables."""
+    queries: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("expr", "query") and isinstance(value, str):
+                    queries.append(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(dashboard)
+    return [selector for query in queries if query != "prometheus" for selector in re.findall(r"\{[^{}]*\}", query) or [query]]
+
+
+def test_each_release_s_dashboards_select_only_its_own_pods():
+    """Per-release dashboards once showed every release's pods: in release scope every selector asks for the release's
+    label (the one its scrape object puts on every series, and its recording rules write); in cluster scope none does."""
+    for name in ("llm-a", "llm-b"):
+        for dashboard in shipped_dashboards(render(name=name)).values():
+            selectors = dashboard_selectors(dashboard)
+            assert selectors and all(f'vllm_triage_release="inference/{name}"' in s for s in selectors), dashboard["title"]
+    cluster = {"monitoring": {"prometheusRule": {"scope": "cluster"}}}
+    for dashboard in shipped_dashboards(render(cluster)).values():
+        assert not [s for s in dashboard_selectors(dashboard) if "vllm_triage_release" in s]
 
 
 def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the_other_shows():
