@@ -232,6 +232,22 @@ def test_standalone_has_no_gpu_view_unless_asked_and_beside_vllm_it_has(tmp_path
         assert ("NVIDIA_VISIBLE_DEVICES" in {e["name"] for e in sidecar.get("env", [])}) is gpu, values
 
 
+def test_vllm_is_configurable_as_production_needs():
+    """Probes, security contexts, priority, spread, envFrom, extra volumes: each value lands where Kubernetes reads it
+    (ci/production-values.yaml, also linted and validated as Kubernetes objects with the other value sets)."""
+    values = ci_values("production")
+    pod = one(render(values), "Deployment")["spec"]["template"]["spec"]
+    vllm = containers({"spec": {"template": {"spec": pod}}})["vllm"]
+    assert vllm["envFrom"] == values["vllm"]["envFrom"] and vllm["securityContext"] == values["vllm"]["securityContext"]
+    assert vllm["livenessProbe"] == values["vllm"]["probes"]["liveness"]
+    assert vllm["startupProbe"]["failureThreshold"] == 180  # the chart's own where none is given
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in vllm["volumeMounts"]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert pod["securityContext"] == {"fsGroup": 1000} and pod["priorityClassName"] == "inference-critical"
+    assert pod["topologySpreadConstraints"] == values["topologySpreadConstraints"]
+    assert pod["terminationGracePeriodSeconds"] == 600
+
+
 def test_standalone_without_a_url_says_which_value_is_missing():
     with pytest.raises(helm_python.HelmError, match=r"vllm\.url is required"):
         render({"vllm": {"enabled": False}})
