@@ -40,7 +40,7 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-OPEN_PATHS = ("/healthz", "/engine-liveness")  # probes: the kubelet brings no password
+OPEN_PATHS = ("/healthz", "/readyz", "/engine-liveness")  # probes: the kubelet brings no password
 
 
 # Every password is checked: a lockout that refuses without a check would refuse Prometheus' right password too

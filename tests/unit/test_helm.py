@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import helm_python
@@ -402,7 +403,7 @@ def shipped_dashboards(objects: list[dict]) -> dict[str, dict]:
     return {key: json.loads(text) for m in maps for key, text in m["data"].items()}
 
 
-def test_tls_basic_auth_and_a_network_policy_that_admits_only_prometheus(tmp_path):
+def test_tls_basic_auth_and_a_network_policy_that_admits_only_prometheus_and_the_helm_test(tmp_path):
     values = {
         "triage": {"webConfig": {"secretName": "triage-web", "tls": True}},
         "monitoring": {"triageEndpoint": {"scheme": "https", "tlsConfig": {"ca": {"secret": {"name": "triage-web", "key": "ca.crt"}}}}},
@@ -422,7 +423,10 @@ def test_tls_basic_auth_and_a_network_policy_that_admits_only_prometheus(tmp_pat
     assert endpoints["triage"]["scheme"] == "https" and "scheme" not in endpoints["http"]
     ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
     by_port = {rule["ports"][0]["port"]: rule for rule in ingress}
-    assert by_port["triage"]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+    assert by_port["triage"]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}},
+        {"podSelector": {"matchLabels": {"vllm-triage.io/helm-test": "true"}}},  # this chart's `helm test` pod
+    ]
     assert "from" not in by_port["http"]  # vLLM's clients are not cut off
     assert not [o for o in render({}) if o["kind"] == "NetworkPolicy"]
 
@@ -673,3 +677,39 @@ def test_a_rollout_keeps_serving_waits_out_the_model_load_and_lets_generations_f
     assert budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert not [o for o in render() if o["kind"] == "PodDisruptionBudget"]  # off by default
+
+
+def helm_test_passes(values: dict, base: str) -> str:
+    """Runs the rendered `helm test` pod's check against a sidecar at `base`: its output (an AssertionError fails it)."""
+    pod = next(o for o in render(values) if o["kind"] == "Pod" and o["metadata"]["annotations"].get("helm.sh/hook") == "test")
+    script = pod["spec"]["containers"][0]["command"][-1]
+    script = re.sub(r'^base = ".*"$', f"base = {base!r}", script, count=1, flags=re.MULTILINE)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_helm_test_passes_under_the_network_policy_and_with_tls_and_basic_auth(tmp_path):
+    """`helm test` was refused by the chart's own NetworkPolicy, and read plain HTTP without credentials: it is admitted
+    now (its pod's label), and its check passes against a real sidecar, plain and behind TLS with basic auth."""
+    from harness.components import start_sidecar
+
+    from .test_webconfig import HASH, TLS, start_tls_sidecar
+
+    policy = one(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    test_pod = next(o for o in render({}) if o["kind"] == "Pod")
+    (triage,) = [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "triage"]
+    assert any(set(p.get("podSelector", {}).get("matchLabels", {}).items()) <= set(test_pod["metadata"]["labels"].items()) for p in triage["from"])
+    (tmp_path / "plain").mkdir()
+    plain = start_sidecar(tmp_path / "plain", "http://127.0.0.1:9", "", "--demo")
+    try:
+        assert "conditions active" in helm_test_passes({}, plain.url)
+    finally:
+        plain.process.kill()
+    (tmp_path / "tls").mkdir()
+    process, url, _ = start_tls_sidecar(tmp_path / "tls", f"{TLS}basic_auth_users:\n  prometheus: '{HASH}'\n")
+    try:
+        said = helm_test_passes({"triage": {"webConfig": {"secretName": "web", "tls": True}}}, url)
+        assert "asks for credentials" in said, said
+    finally:
+        process.kill()

@@ -80,6 +80,8 @@ def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
         assert fetch(url + "/metrics", ca, "someone", "x" * 100)[0] == 401
         status, body = fetch(url + "/metrics", ca, "prometheus", "s3cret")
         assert status == 200 and b"vllm_triage_build_info" in body
+        # the probes bring no password: a standalone sidecar's readiness probe on /readyz was refused 401 for good
+        assert [fetch(url + path, ca)[0] for path in ("/healthz", "/readyz")] == [200, 200]
         with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
     finally:
