@@ -56,8 +56,17 @@ SCRAPE_KEYS = (
 )
 
 
-class JsonLines(logging.Formatter):
-    """One JSON object per log line (log pipelines parse it without a pattern), as node_exporter's --log.format=json."""
+def _logfmt_value(value: str) -> str:
+    return json.dumps(value) if not value or any(c in value for c in ' ="\n') else value
+
+
+class StructuredLines(logging.Formatter):
+    """One log line of time, level, logger and msg that log pipelines parse without a pattern, as node_exporter's
+    --log.format: a JSON object, or logfmt's key=value pairs (values with a space, a quote or = quoted)."""
+
+    def __init__(self, logfmt: bool) -> None:
+        super().__init__()
+        self.logfmt = logfmt
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -68,7 +77,9 @@ class JsonLines(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        if not self.logfmt:
+            return json.dumps(entry)
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in entry.items())
 
 
 def _seconds(text: str) -> float:
@@ -425,7 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vllm-triage: {exc}", file=sys.stderr)
         return 2
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines() if config.log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(text if config.log_format == "text" else StructuredLines(logfmt=config.log_format == "logfmt"))
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     try:
         if args.command == "serve":

@@ -46,7 +46,7 @@ def redact_url(url: str) -> str:
 DEFAULT_PORT = 10290
 ENV_PREFIX = "VLLM_TRIAGE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
+LOG_FORMATS = ("text", "logfmt", "json")
 
 
 class ConfigError(ValueError):
@@ -335,7 +335,7 @@ class Config:
     )
     log_level: str = option("info", _choice(*LOG_LEVELS), "Log level.", "LEVEL")
     log_format: str = option(
-        "text", _choice(*LOG_FORMATS), "Log lines as text, or json: one object per line (time, level, logger, msg) for a log pipeline. Read at start.", "FORMAT"
+        "text", _choice(*LOG_FORMATS), "Log lines as text, logfmt (key=value) or json (one object per line): time, level, logger, msg. Read at start.", "FORMAT"
     )
     conditions: dict[str, ConditionSettings] = field(default_factory=dict)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import signal
 import subprocess
 import time
@@ -208,10 +209,12 @@ def test_fleet_names_replicas_out_of_balance():
     assert found == ["llm/a: llm/a-0 has 12.0 requests waiting on average while llm/a-1 has 0.0: requests are routed unevenly (adding replicas will not help)"]
 
 
-def test_log_format_json_writes_one_object_per_line(tmp_path):
-    """For a log pipeline (Loki, Fluent Bit): every log line parses as JSON, with its time, level, logger and message."""
+@pytest.mark.parametrize("log_format", ["json", "logfmt"])
+def test_log_format_writes_one_parseable_record_per_line(log_format):
+    """For a log pipeline (Loki, Fluent Bit): every log line parses, as JSON or as logfmt's key=value pairs, with its
+    time, level, logger and message."""
     process = subprocess.Popen(
-        [str(BIN / "vllm-triage"), "serve", "--demo", "--log-format", "json", "--listen", f"127.0.0.1:{free_port()}"],
+        [str(BIN / "vllm-triage"), "serve", "--demo", "--log-format", log_format, "--listen", f"127.0.0.1:{free_port()}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -219,6 +222,14 @@ def test_log_format_json_writes_one_object_per_line(tmp_path):
     time.sleep(4)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
-    entries = [json.loads(line) for line in err.splitlines() if line.strip()]
+    lines = [line for line in err.splitlines() if line.strip()]
+    if log_format == "json":
+        entries = [json.loads(line) for line in lines]
+    else:  # key=value, a value quoted (JSON string rules) where it holds a space, a quote or =
+        pairs = r'(\w+)=("(?:[^"\\]|\\.)*"|[^ ]+)'
+        entries = []
+        for line in lines:
+            assert re.fullmatch(rf"{pairs}( {pairs})*", line), line
+            entries.append({key: json.loads(value) if value.startswith('"') else value for key, value in re.findall(pairs, line)})
     assert any(e["msg"].startswith("demo: replaying") and e["level"] == "info" for e in entries), err
     assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)
