@@ -584,6 +584,14 @@ def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
     assert config.conditions["kv_cache_saturated"].for_seconds == 60 and config.gpus_file == "/run/vllm-triage/gpus"
     assert by_name["vllm"]["command"][:2] == ["/bin/sh", "-c"] and by_name["vllm"]["command"][-2:] == ["vllm", "serve"]
+    # with monitoringOnly in place of templatesOnly (the paragraph after the snippet), the parent gets scraping, rules and
+    # dashboards over its own pods, and still no workload of this chart's
+    watched = {"vllm-triage": {"templatesOnly": False, "monitoringOnly": {"enabled": True, "podSelector": {"app": "mine"}}}}
+    objects = render(watched, chart=parent, name="mine")
+    assert {o["kind"] for o in objects} == {"Deployment", "ConfigMap", "PodMonitor", "PrometheusRule", "AlertmanagerConfig"}
+    assert one(objects, "Deployment")["metadata"]["name"] == "mine"
+    monitor = one(objects, "PodMonitor")["spec"]
+    assert monitor["selector"] == {"matchLabels": {"app": "mine"}} and [e["port"] for e in monitor["podMetricsEndpoints"]] == ["http", "triage"]
     # a config without its ConfigMap fails the install with the advice, not an invalid pod
     (parent / "templates" / "vllm-triage-config.yaml").unlink()
     (parent / "templates" / "deployment.yaml").write_text(pod + body.replace(' "configMap" (printf "%s-vllm-triage" .Release.Name)', ""))
@@ -713,3 +721,24 @@ def test_helm_test_passes_under_the_network_policy_and_with_tls_and_basic_auth(t
         assert "asks for credentials" in said, said
     finally:
         process.kill()
+
+
+def test_monitoring_only_scrapes_and_judges_pods_the_chart_did_not_create():
+    """The sidecar added to another chart's vLLM pods got no scraping, rules or dashboards: monitoringOnly renders only
+    the PodMonitor over those pods (their sidecar's port and vLLM's), the release-scoped rules, the dashboards and the
+    AlertmanagerConfig."""
+    values = {"monitoringOnly": {"enabled": True, "podSelector": {"app.kubernetes.io/name": "my-vllm"}, "vllmPort": "api"}}
+    objects = render(values)
+    assert {o["kind"] for o in objects} == {"PodMonitor", "PrometheusRule", "ConfigMap", "AlertmanagerConfig"}
+    assert all("grafana_dashboard" in o["metadata"]["labels"] for o in objects if o["kind"] == "ConfigMap")
+    monitor = one(objects, "PodMonitor")["spec"]
+    assert monitor["selector"] == {"matchLabels": {"app.kubernetes.io/name": "my-vllm"}}
+    jobs = {e["port"]: next(r["replacement"] for r in e["relabelings"] if r["targetLabel"] == "job") for e in monitor["podMetricsEndpoints"]}
+    assert jobs == {"api": "vllm", "triage": "vllm-triage"}  # the job names the alerts use
+    rules = json.dumps(one(objects, "PrometheusRule")["spec"])
+    assert 'vllm_triage_release=\\"inference/llm\\"' in rules
+    for manifest in objects:
+        if not manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+    with pytest.raises(helm_python.HelmError, match=r"monitoringOnly\.podSelector is required"):
+        render({"monitoringOnly": {"enabled": True}})

@@ -64,7 +64,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMonitor). */}}
 {{- define "vllm-triage.scrapeEndpoints" -}}
 {{- $ports := list "triage" }}
-{{- if .root.Values.vllm.enabled }}{{ $ports = list "http" "triage" }}{{ end }}
+{{- $vllmPort := "http" }}
+{{- if .root.Values.monitoringOnly.enabled }}
+{{- $vllmPort = .root.Values.monitoringOnly.vllmPort }}
+{{- if $vllmPort }}{{ $ports = list $vllmPort "triage" }}{{ end }}
+{{- else if .root.Values.vllm.enabled }}
+{{- $ports = list "http" "triage" }}
+{{- end }}
 {{- range $ports }}
 - port: {{ . }}
   path: /metrics
@@ -73,7 +79,7 @@ Called with (dict "root" $ "monitor" .Values.monitoring.podMonitor-or-serviceMon
   relabelings:
     - action: replace
       targetLabel: job
-      replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . "http") }}
+      replacement: {{ ternary $.root.Values.monitoring.jobs.vllm $.root.Values.monitoring.jobs.triage (eq . $vllmPort) }}
     - action: replace
       targetLabel: vllm_triage_release
       replacement: {{ include "vllm-triage.releaseLabel" $.root }}
