@@ -742,3 +742,13 @@ def test_monitoring_only_scrapes_and_judges_pods_the_chart_did_not_create():
             kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
     with pytest.raises(helm_python.HelmError, match=r"monitoringOnly\.podSelector is required"):
         render({"monitoringOnly": {"enabled": True}})
+
+
+def test_a_change_to_the_sidecars_config_alone_leaves_vllms_pod_template_as_it_was():
+    """The sidecar reloads its config file in place: a threshold changed through triage.config must not recreate the pod
+    (vLLM would load its model again). Only the ConfigMap differs."""
+    before = render({"triage": {"config": {"conditions": {"kv_cache_saturated": {"for_seconds": 60}}}}})
+    after = render({"triage": {"config": {"conditions": {"kv_cache_saturated": {"for_seconds": 120}}, "window_seconds": 30}}})
+    assert one(before, "Deployment")["spec"]["template"] == one(after, "Deployment")["spec"]["template"]
+    config = [o for o in before if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
+    assert config and config != [o for o in after if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
