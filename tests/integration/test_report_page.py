@@ -39,7 +39,8 @@ def test_the_incident_page_renders_in_a_real_browser_with_its_bands_and_plots(na
     page.write_text(html_report.render(readings, snapshots, name))
     dom = chromium("--dump-dom", page.as_uri()).stdout.decode()
     spans = html_report.spans(snapshots)
-    assert dom.count("<rect ") == len(spans) > 0  # one band per verdict span, as the browser parsed them
+    # one band per verdict span, and a dark one over it for each run of ticks it led, as the browser parsed them
+    assert dom.count("<rect ") == len(spans) + sum(len(s.primary_runs) for s in spans) and spans
     assert dom.count("<polyline ") >= 10 and "<script" not in dom
     shot = tmp_path / f"{name}.png"
     chromium(f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={shot}", page.as_uri())
