@@ -247,6 +247,14 @@ def test_vllm_is_configurable_as_production_needs():
     assert pod["securityContext"] == {"fsGroup": 1000} and pod["priorityClassName"] == "inference-critical"
     assert pod["topologySpreadConstraints"] == values["topologySpreadConstraints"]
     assert pod["terminationGracePeriodSeconds"] == 600
+    assert vllm["lifecycle"] == values["vllm"]["extraContainerSpec"]["lifecycle"]  # fields the chart does not set
+    assert (pod["dnsPolicy"], pod["enableServiceLinks"]) == ("ClusterFirst", False)
+    for extra, says in (
+        ({"extraPodSpec": {"volumes": []}}, r"extraPodSpec\.volumes: the chart sets it"),
+        ({"vllm": {"extraContainerSpec": {"resources": {}}}}, r"extraContainerSpec\.resources: the chart sets it"),
+    ):
+        with pytest.raises(helm_python.HelmError, match=says):
+            render(extra)
 
 
 def test_standalone_without_a_url_says_which_value_is_missing():
