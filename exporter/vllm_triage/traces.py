@@ -1,4 +1,4 @@
-"""Layer 2: summarise a torch profiler trace as vLLM's profiler hooks write it (REFERENCE.md §3):
+"""Layer 2: summarise a torch profiler trace as vLLM's profiler hooks write it (/start_profile, /stop_profile):
 `<worker>.<ms>.pt.trace.json.gz`, Chrome trace JSON whose complete events (`ph: X`, `ts`/`dur` in µs)
 carry a category: `kernel`, `gpu_memcpy`, `gpu_memset` on the GPU rows, `cpu_op`, `cuda_runtime`,
 `cuda_driver`, `python_function` on the host rows.

@@ -95,7 +95,7 @@ SCENARIOS = {
         "prefill's. Whether either crosses compute_bound's or memory_bandwidth_bound's thresholds is what this "
         "run measures (eager mode, one 1B model).",
     ),
-    # vLLM's own profiler (REFERENCE.md §3) on the serving setup: a 1 s torch profile late in each loaded
+    # vLLM's own torch profiler (its /start_profile and /stop_profile) on the serving setup: a 1 s torch profile late in each loaded
     # phase, once the sidecar's verdict for that phase has had time to rise; `vllm-triage trace` summarises.
     "profiled": Scenario(
         "1b",

@@ -2,7 +2,7 @@
 
     python -m harness.gpu.workloads PHASE[:SECONDS] ...     e.g. idle:20 compute:40 copy_d2d:40
 
-Each phase is one kind of truth (REFERENCE.md §4 has what NVML/GPM read for them on an H200):
+Each phase is one kind of truth (what NVML/GPM read for them on an H200 is in tests/data/gpu-h200-phases.jsonl.gz):
 - idle: nothing runs.
 - compute: bf16 8k x 8k matmuls back to back: tensor cores busy -> compute_bound.
 - copy_d2d: device-to-device copies of 2 GiB: DRAM bandwidth near its limit, tensor idle -> memory_bandwidth_bound.

@@ -1,4 +1,4 @@
-"""The house's import rules (ARCHITECTURE.md, redesign step 2), read from the source: the judge is handed values, settings
+"""The house's import rules (docs/development.md, How it works), read from the source: the judge is handed values, settings
 are a leaf, evaluation knows no outlet, and nothing imports in a circle."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class Threshold:
 @dataclass(frozen=True)
 class Condition:
     id: str
-    layer: str  # "1" vLLM metrics, "3" GPU/host, "1+3" both (DIAGNOSIS.md's layers)
+    layer: str  # "1" vLLM metrics, "3" GPU/host, "1+3" both (README, The three layers)
     severity: str  # critical | warning | info
     summary: str
     meaning: str  # what it says about the server, for the report and the runbook
@@ -44,7 +44,7 @@ class Condition:
     # predicates read replaying the real captures (tests/unit/test_condition_reads.py).
     reads: tuple[str, ...] = ()
     causes: tuple[str, ...] = ()
-    dont: tuple[str, ...] = ()  # what not to do: the misconceptions DIAGNOSIS.md lists (runbooks)
+    dont: tuple[str, ...] = ()  # what not to do: common misreadings of the signals (printed in the runbooks)
     # Its own default window, where the global window_seconds could be too short for its thresholds.
     window_seconds: float | None = None
     scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds

@@ -14,7 +14,7 @@ from .window import SignalContext, SignalDef, label_value, mean_of
 # GPU signals (layer 3), per GPU scope `gpu:<index>`; the aggregate (scope "all") averages the
 # watched GPUs frame by frame. Exported as vllm_triage_gpu_window_<family>{gpu,...}.
 
-# Gen -> GB/s per lane per direction (DIAGNOSIS.md)
+# Gen -> GB/s per lane per direction (the PCIe generations' transfer rates after encoding)
 PCIE_LANE_BYTES_PER_SECOND = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe links downtrain at idle)

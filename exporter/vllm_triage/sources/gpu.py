@@ -24,7 +24,7 @@ from ..model import GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, Readi
 
 log = logging.getLogger(__name__)
 
-# nvmlDeviceGetCurrentClocksEventReasons bits (REFERENCE.md §4)
+# nvmlDeviceGetCurrentClocksEventReasons bits (NVML's nvmlClocksEventReason* constants)
 CLOCK_EVENT_REASONS: dict[str, int] = {
     "gpu_idle": 0x1,
     "applications_clocks_setting": 0x2,

@@ -28,7 +28,7 @@ from . import http_failure, read_bounded, shortened
 log = logging.getLogger(__name__)
 
 
-# Old name -> today's name (REFERENCE.md §1). Applied to the sample name, suffixes included.
+# Old name -> today's name (vLLM's renames across its versions). Applied to the sample name, suffixes included.
 RENAMES: dict[str, str] = {
     "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
     "vllm:gpu_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",

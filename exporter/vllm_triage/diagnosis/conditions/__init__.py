@@ -1,4 +1,4 @@
-"""The condition table (shared/DIAGNOSIS.md as data), one module per layer: vllm.py (layer 1), host.py (1+3), gpu.py (3).
+"""The condition table (docs/guide.md describes each), one module per layer: vllm.py (layer 1), host.py (1+3), gpu.py (3).
 
 The engine, /diagnosis, the CLI report, the alert rules, dashboards and runbooks all derive from CONDITIONS.
 Thresholds, windows and `for`/`clear_for` durations are defaults that the config file overrides per condition.
