@@ -148,6 +148,33 @@ def test_missing_library_is_one_clear_message(monkeypatch):
     assert "nvidia-ml-py" in (reading.error or "")
 
 
+def test_nvml_that_cannot_start_is_asked_again_after_a_growing_wait_and_a_late_driver_is_picked_up(nvml):
+    """A host without a driver keeps reporting it at every collection, but loads the library ever more rarely; a
+    driver that comes up later (a GPU operator installing it) is found within a minute."""
+    module = nvml()
+    attempts = []
+
+    def no_driver():
+        attempts.append(now[0])
+        raise NVMLError("Driver Not Loaded")
+
+    module.nvmlInit = no_driver
+    now = [0.0]
+    source = GpuSource(clock=lambda: now[0])
+    for second in range(0, 200):
+        now[0] = float(second)
+        reading = source.collect()
+        assert not reading.ok and reading.error_reason == "no_driver" and "Driver Not Loaded" in (reading.error or "")
+    assert attempts == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0, 123.0, 183.0]  # then once a minute
+
+    module.nvmlInit = lambda: None  # the driver is there now
+    for second in range(200, 244):
+        now[0] = float(second)
+        reading = source.collect()
+        assert reading.ok == (second >= 243)
+    assert reading.ok and series(reading, "gpu_utilization_ratio") == {"0": 0.5, "1": 0.5}
+
+
 def test_selection_by_config_index_or_uuid(nvml):
     nvml(count=4)
     reading = GpuSource(selection=["2", "GPU-fake-3"]).collect()

@@ -41,6 +41,7 @@ GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
 # temperature, link maxima, replay counter) are read every 10 s, halving NVML calls per tick.
 SLOW_REFRESH_SECONDS = 10.0
 RESELECT_SECONDS = 30.0
+INIT_RETRY_MAX_SECONDS = 60.0  # NVML that could not start: asked again after 1, 2, 4 ... s, then every minute
 PROCESS_LIST_SECONDS = 10.0
 MAX_COMPUTE_PROCESSES = 32  # per GPU: bounded, whatever a shared node runs
 FALLBACK_RULE = "all visible GPUs (no vLLM process or device variable seen yet)"
@@ -101,6 +102,11 @@ class GpuSource:
         self._stop = threading.Event()
         self._processes: list[ComputeProcess] = []
         self._processes_at: float | None = None
+        # NVML that could not start is asked again after a doubling wait (to INIT_RETRY_MAX_SECONDS), not at every
+        # collection: loading the library and failing again cost 0.03 % of a core each second on a host without it.
+        self._init_failure: _Unavailable | None = None
+        self._init_retry_at = -math.inf
+        self._init_backoff = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------
     def _init(self) -> None:
@@ -123,6 +129,18 @@ class GpuSource:
         self._apply_selection()
         self._xid_thread = threading.Thread(target=self._watch_xid, name="nvml-xid", daemon=True)
         self._xid_thread.start()
+
+    def _init_or_wait(self) -> None:
+        if self._init_failure is not None and self.clock() < self._init_retry_at:
+            raise self._init_failure
+        try:
+            self._init()
+        except _Unavailable as exc:
+            self._init_failure = exc
+            self._init_backoff = min(INIT_RETRY_MAX_SECONDS, max(1.0, 2 * self._init_backoff))
+            self._init_retry_at = self.clock() + self._init_backoff
+            raise
+        self._init_failure = None
 
     def _apply_selection(self) -> None:
         """Choose the GPUs to watch. A sidecar often starts before vLLM (a native sidecar always does):
@@ -264,7 +282,7 @@ class GpuSource:
         timestamp = self.clock()
         try:
             if self._devices is None:
-                self._init()
+                self._init_or_wait()
             elif self._provisional and self.clock() - self._selected_at >= RESELECT_SECONDS:
                 self._apply_selection()
             samples, problems = self._read_all()
