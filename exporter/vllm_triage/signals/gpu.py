@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from itertools import zip_longest
 from typing import cast
 
 from ..scope import AGGREGATE_SCOPE, group_members, parse_scope
@@ -20,13 +19,13 @@ THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
 BUSY_UTILIZATION = 0.5  # util.gpu at or above which a GPU counts as busy (PCIe links downtrain at idle)
 
 
-def _frames(ctx: SignalContext, names: tuple[str, ...], reason: str | None = None) -> list[dict[str, float]]:
+def _frames(ctx: SignalContext, names: tuple[str, ...]) -> list[dict[str, float]]:
     """Per frame: each name's value, averaged over the scope's GPUs; frames lacking one are skipped."""
-    key = ("gpu_row", names, ctx.scope, reason)
-    return ctx.view.once(key, lambda: _rows(ctx, names, reason, key))  # a clock-event reason's rows are read by two signals
+    key = ("gpu_row", names, ctx.scope)
+    return ctx.view.once(key, lambda: _rows(ctx, names, key))
 
 
-def _rows(ctx: SignalContext, names: tuple[str, ...], reason: str | None, key: tuple[object, ...]) -> list[dict[str, float]]:
+def _rows(ctx: SignalContext, names: tuple[str, ...], key: tuple[object, ...]) -> list[dict[str, float]]:
     """_frames' rows, each frame's taken from its memo where an earlier tick built it."""
     rows: list[dict[str, float]] = []
     for frame in ctx.view.frames:
@@ -34,7 +33,7 @@ def _rows(ctx: SignalContext, names: tuple[str, ...], reason: str | None, key: t
         if row is None:
             row = {}
             for name in names:
-                values = [s.value for s in frame.series(name, ctx.scope) if reason is None or label_value(s.labels, "reason") == reason]
+                values = [s.value for s in frame.series(name, ctx.scope)]
                 if not values:
                     row = {}
                     break
@@ -123,19 +122,39 @@ def _busy_ratio(ctx: SignalContext) -> float | None:
     return sum(1 for p in points if p >= BUSY_UTILIZATION) / len(points) if points else None
 
 
+def _clock_events(ctx: SignalContext) -> list[dict[str, float]]:
+    """Per frame that has any: each clock-event reason's activity, averaged over the scope's GPUs. One pass
+    over the window for every reason's signal (each frame's row is built once, then read by every tick)."""
+
+    def rows() -> list[dict[str, float]]:
+        key = ("gpu_clock_events", ctx.scope)
+        found: list[dict[str, float]] = []
+        for frame in ctx.view.frames:
+            row = cast("dict[str, float] | None", frame.memo.get(key))
+            if row is None:
+                by_reason: dict[str, list[float]] = {}
+                for s in frame.series("gpu_clock_event_active", ctx.scope):
+                    reason = label_value(s.labels, "reason")
+                    if reason is not None:
+                        by_reason.setdefault(reason, []).append(s.value)
+                frame.memo[key] = row = {reason: mean_of(values) for reason, values in by_reason.items()}
+            if row:
+                found.append(row)
+        return found
+
+    return ctx.view.once(("gpu_clock_events", ctx.scope), rows)
+
+
 def _throttled_ratio(ctx: SignalContext) -> float | None:
     """Share of the window with a hardware/thermal brake set (SW power cap alone is normal at full load)."""
-    per_reason = [_frames(ctx, ("gpu_clock_event_active",), reason) for reason in THROTTLE_REASONS]
-    if not any(per_reason):
-        return None
-    active = [[row["gpu_clock_event_active"] for row in rows] for rows in per_reason]
-    return mean_of([max(values) for values in zip_longest(*active, fillvalue=0.0)])
+    braked = [max(row[reason] for reason in THROTTLE_REASONS if reason in row) for row in _clock_events(ctx) if not row.keys().isdisjoint(THROTTLE_REASONS)]
+    return mean_of(braked) if braked else None
 
 
 def _reason_ratio(reason: str) -> Callable[[SignalContext], float | None]:
     def compute(ctx: SignalContext) -> float | None:
-        rows = _frames(ctx, ("gpu_clock_event_active",), reason)
-        return mean_of([r["gpu_clock_event_active"] for r in rows]) if rows else None
+        active = [row[reason] for row in _clock_events(ctx) if reason in row]
+        return mean_of(active) if active else None
 
     return compute
 
