@@ -4,9 +4,10 @@ harness/gpu/stage_vllm.sh's payload is unpacked; see harness/gpu/device_vllm.sh)
     python3 -m bench.real_engine OUT_DIR gil_window [PAIRS] [modes=blocking,nonblocking]  what one py-spy window costs
                                                           while open (per mode, round by round), and so the default
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
-    python3 -m bench.real_engine OUT_DIR cost [full-only] [cpu-only] [windows=N] [SETTING=VALUE...]  the sidecar
-                                                          beside nvitop-exporter, one run, same load (cpu-only:
-                                                          the CPU windows alone, no latency, floor or footprint)
+    python3 -m bench.real_engine OUT_DIR cost [full-only] [cpu-only] [profile] [windows=N] [SETTING=VALUE...]  the
+                                                          sidecar beside nvitop-exporter, one run, same load (cpu-only:
+                                                          the CPU windows alone, no latency, floor or footprint;
+                                                          profile: py-spy records the sidecar over the windows)
     python3 -m bench.real_engine OUT_DIR bursts [ROUNDS]   bursts of 50 new connections under load, the sidecar
                                                           and a bare aiohttp server with its page taking turns
     python3 -m bench.real_engine OUT_DIR cost + gil_ab 3 gil_nonblocking=false   several, one after the other
@@ -34,7 +35,9 @@ sidecar's CPU went (its vllm_triage_sidecar_cpu_seconds_total by stage) and /met
 50 scrapers (one scraper back to back for 30 s, and with its requests spread over 30 s; 50 also on
 connections already open; the same for a bare aiohttp server and a bare asyncio protocol returning the
 sidecar's page: the floor of the framework and of the machine), and the RSS of a fresh Python as the sidecar's imports, NVML and the GPU
-source load. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
+source load. With `profile`, py-spy samples the sidecar's threads (nonblocking, 200 Hz, in its own process, so
+outside both CPU figures) over the windows: sidecar-profile.txt holds the raw stacks, the summary the functions
+its busy samples fell in. Needs the nvitop and nvitop-exporter wheels carried in `.whl/`.
 Each measurement prints and writes N-<name>.json (N: its place on the command line).
 """
 
@@ -336,6 +339,39 @@ def footprint() -> dict[str, dict[str, float]]:
     return {step: {part: round(mb, 1) for part, mb in parts.items()} for step, parts in steps}
 
 
+def record_profile(pid: int, seconds: float, path: Path) -> subprocess.Popen[bytes]:
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "200", "--duration", str(round(seconds))]
+    command += ["--nonblocking", "--threads", "--format", "raw", "-o", str(path)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """Busy samples by thread, and the functions they fell in (self, and anywhere on the stack). A thread parked in
+    epoll or on its work queue is idle, whatever py-spy's guess: those samples are counted apart."""
+    idle_frames = ("Selector.select (selectors.py", "_worker (concurrent/futures/thread.py", "Condition.wait (threading.py")
+    threads: dict[str, int] = {}
+    own: dict[str, int] = {}
+    within: dict[str, int] = {}
+    idle = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        frames, count = stack.split(";"), int(count_text)
+        if any(frame in frames[-1] for frame in idle_frames):
+            idle += count
+            continue
+        thread = frames[0].partition(": ")[2] or frames[0]
+        threads[thread] = threads.get(thread, 0) + count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames[1:]):
+            within[frame] = within.get(frame, 0) + count
+
+    def ranked(counts: dict[str, int]) -> dict[str, int]:
+        return dict(sorted(counts.items(), key=lambda item: -item[1])[:top])
+
+    busy = sum(threads.values())
+    return {"rate_hz": 200, "busy_samples": busy, "idle_samples": idle, "threads": ranked(threads), "self": ranked(own), "inclusive": ranked(within)}
+
+
 def per_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """CPU per stage as a share of one core over the window (threads: vLLM's processes' thread counts)."""
     return {key: value if key.startswith("threads_") else round((value - before.get(key, 0.0)) / seconds * 100, 4) for key, value in after.items()}
@@ -355,7 +391,7 @@ def serving_under_load(log: Path) -> Iterator[None]:
         stop(server)
 
 
-def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], cpu_only: bool = False) -> dict[str, Any]:
+def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], cpu_only: bool = False, profile: bool = False) -> dict[str, Any]:
     seconds = float(OPTIONS_BY_KEY["gil_interval_seconds"].default)  # one py-spy round in the window, as in a long run
     nvitop = install_nvitop()
     env = {**os.environ, "PYTHONPATH": nvitop}
@@ -372,10 +408,14 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], 
         time.sleep(20)  # windows fill; the first py-spy round is over (the next one falls in the window)
         processes = {"sidecar_all_defaults": psutil.Process(sidecar.pid), "nvitop_exporter": psutil.Process(exporter.pid)}
         summary["side_by_side"], summary["sidecar_stages_percent_of_core"] = [], []
+        profiler = record_profile(sidecar.pid, windows * seconds, out / "sidecar-profile.txt") if profile else None
         for _ in range(windows):  # back to back: how much the ratio moves between windows of one run
             before = stage_seconds(sidecar_url)
             summary["side_by_side"].append(measure(processes, seconds, [sidecar_url, nvitop_url]))
             summary["sidecar_stages_percent_of_core"].append(per_stage(before, stage_seconds(sidecar_url), seconds))
+        if profiler is not None:
+            profiler.wait(timeout=60)
+            summary["sidecar_profile"] = profile_summary(out / "sidecar-profile.txt")
         if cpu_only:
             return summary
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
@@ -459,7 +499,9 @@ def main() -> None:
             settings = dict(a.split("=", 1) for a in args if "=" in a)
             windows = int(settings.pop("windows", "1"))
             with serving_under_load(out / "cost-vllm.log"):
-                summary = cost(out, gpu_only_too="full-only" not in args, windows=windows, settings=settings, cpu_only="cpu-only" in args)
+                summary = cost(
+                    out, gpu_only_too="full-only" not in args, windows=windows, settings=settings, cpu_only="cpu-only" in args, profile="profile" in args
+                )
         elif what == "bursts":
             with serving_under_load(out / "bursts-vllm.log"):
                 summary = bursts(out, next((int(a) for a in args if a.isdigit()), 40))
