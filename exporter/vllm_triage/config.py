@@ -284,7 +284,7 @@ class Config:
         "LIST",
     )
     process_interval_seconds: float = option(2.0, _number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S")
-    gpu_interval_seconds: float = option(2.0, _number(0.1), "How often to read the GPUs (GPM covers each interval whole; conditions are judged every tick_seconds).", "S")
+    gpu_interval_seconds: float = option(2.0, _number(0.1), "How often to read the GPUs (GPM covers each interval whole).", "S")
     gpus: tuple[str, ...] | None = option(None, _optional(_gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST")
     gpus_file: str | None = option(
         None,

@@ -208,6 +208,34 @@ def test_sockets_are_read_again_only_when_vllms_processes_change(monkeypatch):
             os.kill(restarted_core, signal.SIGKILL)
 
 
+def test_a_process_titled_after_its_start_is_found_and_a_settled_one_is_not_read_again(monkeypatch):
+    """vLLM titles its processes after they start (the pid and start time stay): a young process' command line is read
+    at every scan until it has settled, then only a new process (or a pid's new process) is read."""
+    import vllm_triage.sources.process as process_source
+
+    late = subprocess.Popen(["bash", "-c", "sleep 0.5; exec -a VLLM::EngineCore sleep 30"])
+    try:
+        source = ProcessSource(port=None)
+        source._scan()
+        assert late.pid not in source._titled  # still bash
+        time.sleep(1.0)
+        source._scan()
+        assert late.pid in source._titled  # the same process, titled since
+
+        monkeypatch.setattr(process_source, "TITLE_SETTLED_SECONDS", 0.0)
+        read = []
+        real = psutil.Process.cmdline
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda self: read.append(self.pid) or real(self))
+        source._scan()
+        assert late.pid not in read and late.pid in source._titled
+        settled = set(psutil.pids())
+        source._scan()
+        assert not set(read) & settled  # nothing known was read again
+    finally:
+        late.kill()
+        late.wait()
+
+
 def test_threads_are_read_every_ten_seconds_and_the_busiest_is_repeated_between(monkeypatch):
     import vllm_triage.sources.process as process_source
 

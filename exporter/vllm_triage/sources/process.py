@@ -91,6 +91,17 @@ def _bounded_value(flag: str, raw: str) -> Any:
     return None
 
 
+def _start_ticks(pid: int) -> bytes | None:
+    """The process' start time in clock ticks since boot (/proc/PID/stat's 22nd field): with the pid, it names one
+    process, whatever reuses the pid later."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields[19] if len(fields) > 19 else None
+
+
 def role_of(cmdline: list[str], title_prefix: str) -> str | None:
     """api_server | engine_core | worker, or None for a process that is not vLLM's."""
     if not cmdline:
@@ -112,6 +123,10 @@ def role_of(cmdline: list[str], title_prefix: str) -> str | None:
 
 
 RESCAN_SECONDS = 30.0  # a full scan of /proc for vLLM's processes; sampling known ones is cheaper
+# A process known this long keeps its title: its command line is not read again at each scan (reading every
+# process' was 20 ms a scan on the H200's host, most of this source's cost). vLLM titles its processes within
+# seconds of their start (VLLM::EngineCore), so a younger one is read again.
+TITLE_SETTLED_SECONDS = 60.0
 # Reading every thread's CPU is most of a collection (the engine core and the API server run ~100 threads
 # each on a GPU): done this often, the busiest thread's share is over these seconds and repeated between.
 THREAD_SAMPLE_SECONDS = 10.0
@@ -170,6 +185,8 @@ class ProcessSource:
         self._exit_times: collections.deque[float] = collections.deque(maxlen=16)  # when the last ones were seen gone
         self._exited: set[int] = set()
         self.process_view: bool | None = None
+        # (pid, start time) -> when first seen, its role (None: not vLLM's), the process and its command line
+        self._known: dict[tuple[int, bytes], tuple[float, str | None, psutil.Process | None, list[str]]] = {}
 
     def _scan(self) -> None:
         titled: dict[int, tuple[str, psutil.Process, list[str]]] = {}
@@ -177,15 +194,30 @@ class ProcessSource:
         # own) it stays, and the sidecar's own tree (a second walk of every process) is not read again.
         own = set() if self.process_view else _own_tree()
         others = 0
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            others += proc.pid not in own
-            try:
-                cmdline = proc.info["cmdline"] or []
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            role = role_of(cmdline, self.title_prefix)
-            if role is not None:
-                titled[proc.pid] = (role, proc, cmdline)
+        now = time.monotonic()
+        seen: dict[tuple[int, bytes], tuple[float, str | None, psutil.Process | None, list[str]]] = {}
+        for pid in psutil.pids():
+            others += pid not in own
+            started = _start_ticks(pid)
+            if started is None:
+                continue  # gone since the listing
+            key = (pid, started)
+            remembered = self._known.get(key)
+            if remembered is None or now - remembered[0] < TITLE_SETTLED_SECONDS:
+                try:
+                    proc = psutil.Process(pid)
+                    cmdline = proc.cmdline()
+                except (psutil.ZombieProcess, psutil.AccessDenied):
+                    cmdline = []  # no command line to read now or later: not one of vLLM's that can be watched
+                except psutil.NoSuchProcess:
+                    continue
+                role = role_of(cmdline, self.title_prefix)
+                remembered = (remembered[0] if remembered else now, role, proc if role else None, cmdline if role else [])
+            seen[key] = remembered
+            _, role, proc_or_none, cmdline = remembered
+            if role is not None and proc_or_none is not None:
+                titled[pid] = (role, proc_or_none, cmdline)
+        self._known = seen  # processes that exited are forgotten
         self.process_view = bool(self.process_view) or others > 0 or bool(titled)
         if set(titled) != self._titled or not self._bound_to_listener:
             # Binding reads every process' sockets (psutil.net_connections): only when vLLM's processes changed,
