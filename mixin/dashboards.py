@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_triage.diagnosis.conditions import CONDITIONS, Condition, gpu, host, vllm
+from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
 
 from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads
 
@@ -543,10 +543,10 @@ def drill_down(condition: Condition, count: int = 3) -> list[tuple[str, str, str
     return shown
 
 
-# One row per layer module of the condition table, in its order: a new condition gets its panel where it is written.
+# One row per layer of the condition table, in its order: a new condition gets its panel where it is written.
 # vllm_unreachable reads no windowed signal: its evidence is the overview's source health row.
 FAMILIES = (
-    ("vLLM: tokens, capacity, latency, errors", tuple(c.id for c in vllm.CONDITIONS if c.id != "vllm_unreachable")),
+    ("vLLM: tokens, capacity, latency, errors", tuple(c.id for c in VLLM_CONDITIONS if c.id != "vllm_unreachable")),
     ("Host: vLLM's processes and ranks", tuple(c.id for c in host.CONDITIONS)),
     ("GPU", tuple(c.id for c in gpu.CONDITIONS)),
 )

@@ -265,7 +265,7 @@ def test_a_stack_dump_says_where_the_main_thread_waits(waits, place, function):
 def test_every_place_a_dump_can_name_has_its_words_in_engine_wedged():
     """The places (sources/gil.py) and engine_wedged's words for them are two tables: a place without words would fail
     every evaluation once a dump named it."""
-    from vllm_triage.diagnosis.conditions.vllm import STUCK_WORDS
+    from vllm_triage.diagnosis.conditions.liveness import STUCK_WORDS
     from vllm_triage.sources.gil import STUCK_PLACES
 
     assert {place for place, _ in STUCK_PLACES} == set(STUCK_WORDS)
