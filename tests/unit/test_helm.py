@@ -496,6 +496,24 @@ def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the
     assert not uids[0] & uids[1]
 
 
+def test_the_fleet_dashboard_is_rendered_once_for_the_cluster_by_the_release_that_asks():
+    """Every release rendered its own fleet board, one per release in Grafana's list: with `fleet: cluster` one release
+    renders it over every release's pods under the generated uid and name; the others set `none`."""
+    fleet = json.loads((ROOT / "dashboards" / "vllm-triage-fleet.json").read_text())
+    owner = shipped_dashboards(render({"monitoring": {"dashboards": {"fleet": "cluster"}}}, name="llm-a"))
+    others = shipped_dashboards(render({"monitoring": {"dashboards": {"fleet": "none"}}}, name="llm-b"))
+    boards = [d for d in [*owner.values(), *others.values()] if d["title"].startswith(fleet["title"])]
+    assert boards == [fleet]  # once, as generated: its uid and title, and no release in any selector
+    assert not [s for s in dashboard_selectors(boards[0]) if "vllm_triage_release" in s]
+    assert owner["vllm-triage-fleet.json"] == fleet
+    assert len(owner) == len(DASHBOARDS) and len(others) == len(DASHBOARDS) - 1  # the other boards stay per release
+    assert all("vllm_triage_release" in s for d in others.values() for s in dashboard_selectors(d))
+    names = [o["metadata"]["name"] for o in render({"monitoring": {"dashboards": {"fleet": "cluster"}}}, name="llm-a") if o["kind"] == "ConfigMap"]
+    assert "vllm-triage-fleet" in names  # a second release asking for it fails to install: the object is the first's
+    with pytest.raises(helm_python.HelmError, match="fleet"):
+        render({"monitoring": {"dashboards": {"fleet": "everywhere"}}})
+
+
 @pytest.mark.parametrize(
     ("values", "names"),
     [
