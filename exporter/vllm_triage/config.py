@@ -313,8 +313,8 @@ class Config:
     gil_nonblocking: bool = option(
         True,
         _boolean,
-        "py-spy --nonblocking: vLLM is not paused (false: py-spy's blocking mode stops every thread for each sample; on the H200 "
-        "it cost vLLM 2-7 percent of its throughput while a window was open and twice py-spy's CPU, and read the GIL share within 0.07 of nonblocking).",
+        "py-spy --nonblocking: vLLM is not paused (false: py-spy's blocking mode stops every thread for each sample, which costs "
+        "vLLM throughput while a window is open; docs/measurements.md has the figures).",
         "BOOL",
     )
     engine_liveness_endpoint: bool = option(
