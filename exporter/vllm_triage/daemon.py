@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import gc
 import logging
 import math
@@ -135,9 +134,7 @@ class Daemon:
         return self.config.engine_liveness_endpoint
 
     def tick(self) -> Snapshot:
-        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck())
-        if self.stack_dumps:
-            snapshot = dataclasses.replace(snapshot, stack_dumps=self.stack_dumps)
+        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck(), self.stack_dumps)
         CPU.run("render", self.exposition.update, snapshot, time.monotonic())
         if self.snapshot is None:
             log.info("first evaluation done: ready")

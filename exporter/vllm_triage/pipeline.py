@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from .config import Config
 from .derive import derive
@@ -39,8 +40,8 @@ class Pipeline:
     def feed(self, reading: Reading) -> None:
         self.store.add(reading)
 
-    def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = ()) -> Snapshot:
-        return evaluate(self.engine, self.store, now, stuck)
+    def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
+        return evaluate(self.engine, self.store, now, stuck, stack_dumps)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -72,10 +73,10 @@ class Pipeline:
         return snapshot
 
 
-def evaluate(engine: Engine, store: Store, now: float, stuck: tuple[tuple[str, str, str], ...] = ()) -> Snapshot:
+def evaluate(engine: Engine, store: Store, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
     """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), hand the judge the
     values its conditions declare (and where stack dumps found vLLM's processes waiting: (role, place, frame)), and
-    assemble the Snapshot."""
+    assemble the Snapshot (with the stack dumps taken for the active verdicts, shown in /diagnosis)."""
     derived = derive(store, now, engine.configured_max_num_seqs, engine.stale_after)
     judgement = engine.judge(derived.inputs(engine.wants(), stuck))
     return Snapshot(
@@ -89,6 +90,7 @@ def evaluate(engine: Engine, store: Store, now: float, stuck: tuple[tuple[str, s
         discovery=derived.discovery.to_json(),
         latest=derived.latest_exported(),
         vllm_starting_seconds=judgement.vllm_starting_seconds,
+        stack_dumps=stack_dumps,
     )
 
 
