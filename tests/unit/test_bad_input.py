@@ -96,7 +96,7 @@ def test_redact_url_hides_userinfo_and_query_values():
 def test_a_failing_tick_shows_in_readyz_and_a_counter_and_keeps_the_last_snapshot(monkeypatch):
     daemon = saturated_daemon()
     served = daemon.exposition.render(openmetrics=False)
-    monkeypatch.setattr(daemon.pipeline, "evaluate", lambda now, stuck: 1 / 0)
+    monkeypatch.setattr(daemon.pipeline, "evaluate", lambda now, stuck, stack_dumps: 1 / 0)
     daemon._tick_if_fed()
     (ready, metrics) = serve_and_get(daemon, [("/readyz", {}), ("/metrics", {})])
     assert ready[0] == 503 and b"evaluation failing: ZeroDivisionError" in ready[2]
