@@ -25,7 +25,7 @@ from vllm_triage.pipeline import replay
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
-FLAGSHIP = ("kv_thrash", "contention", "hung_kernel", "killed", "orphan", "api_server_bound", "token_budget", "compute_limit")
+FLAGSHIP = ("kv_thrash", "contention", "hung_kernel", "killed", "orphan", "api_server_bound", "token_budget", "compute_limit", "gpu_shared")
 
 
 def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, str, str]], list[tuple[str, float, float]], float, int, float]:

@@ -115,6 +115,7 @@ class Derived:
             tuple(found.orphan_notes()) if "orphans" in wants.notes else (),
             tuple(found.lost_rank_notes()) if "lost_ranks" in wants.notes else (),
             stuck if "stuck" in wants.notes else (),
+            tuple(found.foreign_gpu_notes()) if "foreign_gpu" in wants.notes else (),
         )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 

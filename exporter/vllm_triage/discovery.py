@@ -80,6 +80,7 @@ class Discovery:
     orphans: tuple[OrphanEntry, ...] = ()  # engine cores and workers that outlived their API server
     gpu_processes: tuple[ComputeProcess, ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
     lost_workers: tuple[LostWorker, ...] = ()  # workers gone while their engine core runs on
+    foreign_pids: tuple[int, ...] = ()  # of gpu_processes, those not vLLM's (nor its processes' children)
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -157,6 +158,30 @@ class Discovery:
                 f"{orphan['role']} pid {orphan['pid']} ({orphan.get('status', '?')}) outlived its API server{memory}: a restarted vLLM "
                 f"will not fit beside it; kill it (kill -9 {orphan['pid']})"
             )
+        return notes
+
+    def foreign_gpu_notes(self) -> list[tuple[str, str]]:
+        """(GPU scope, 'pid 1214 computes on GPU 0 beside vLLM and holds 1.0 GiB of it'), one per other program on a
+        watched GPU."""
+        notes = []
+        for held in self.gpu_processes:
+            if held.get("pid") in self.foreign_pids:
+                used = held.get("used_bytes")
+                memory = f" and holds {used / 2**30:.1f} GiB of it" if used is not None else ""
+                share = held.get("sm_ratio")
+                time = f"its kernels ran {share:.0%} of the GPU's time (NVML, the last 10 s)" if share is not None else "its kernels take SM time from vLLM's"
+                notes.append(
+                    (
+                        gpu_scope(str(held["gpu"])),
+                        f"pid {held['pid']} computes on GPU {held['gpu']} beside vLLM{memory}: {time} (ps -o pid,user,args -p {held['pid']})",
+                    )
+                )
+        for gpu in sorted({h["gpu"] for h in self.gpu_processes if h.get("pid") in self.foreign_pids}):
+            shares = [
+                share for h in self.gpu_processes if h["gpu"] == gpu and h.get("pid") not in self.foreign_pids and (share := h.get("sm_ratio")) is not None
+            ]
+            if shares:
+                notes.append((gpu_scope(str(gpu)), f"vLLM's processes ran {sum(shares):.0%} of GPU {gpu}'s time meanwhile (NVML, the last 10 s)"))
         return notes
 
     def lost_rank_notes(self) -> list[str]:
@@ -289,4 +314,9 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     orphans = tuple(found.get("orphans", ()))
     held = tuple(gpu_found.get("compute_processes", ()))
     lost = tuple(found.get("lost_workers", ()))
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost)
+    if "foreign_pids" in gpu_found:
+        foreign = tuple(gpu_found["foreign_pids"])
+    else:  # recorded before the GPU source said which: a pid that is not one of vLLM's watched processes
+        ours = {p["pid"] for p in processes}
+        foreign = tuple(sorted({h["pid"] for h in held if h["pid"] not in ours})) if ours & {h["pid"] for h in held} else ()
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign)

@@ -96,10 +96,16 @@ class GpuEntry(TypedDict, total=False):
     nvlink: bool  # an NVLink is up
 
 
-class ComputeProcess(TypedDict):
+class _ComputeProcessHeld(TypedDict):
     gpu: int
     pid: int  # NVML's: the host's
     used_bytes: float | None
+
+
+class ComputeProcess(_ComputeProcessHeld, total=False):
+    # Its share of the GPU's SM time since the list was read before (NVML's per-process utilisation samples), where
+    # NVML kept samples of it.
+    sm_ratio: float
 
 
 class GpuMeta(TypedDict, total=False):
@@ -107,6 +113,8 @@ class GpuMeta(TypedDict, total=False):
     selection: str  # which rule chose the GPUs
     unsupported: list[str]  # what the GPUs cannot read
     compute_processes: list[ComputeProcess]  # the processes holding memory on the watched GPUs
+    # Those of compute_processes that are not vLLM's (nor its processes' children), where NVML's pids are the sidecar's
+    foreign_pids: list[int]
 
 
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a

@@ -161,6 +161,23 @@ SCENARIOS = {
         "second below it. No tensor-parallel verdict (one GPU: no group).",
         actions=(("shared", 0.0, "foreign_process", 0.0),),
     ),
+    # The same, recorded since the GPU source reads NVML's per-process SM samples and tells vLLM's own tree apart.
+    "gpu_shared": Scenario(
+        "wide",
+        ("--max-num-seqs", "256", "--load-format", "dummy", "--dtype", "bfloat16"),
+        (
+            Phase("idle", 10),
+            Phase("serving", 40, 128, 300, 128),
+            Phase("shared", 60, 128, 300, 128),
+            Phase("recovered", 45, 128, 300, 128),
+            Phase("idle", 10),
+        ),
+        "shared (another process running bf16 matmuls on the GPU): gpu_shared within 30 s of its start, the primary verdict, "
+        "its evidence naming the program's pid, its GPU memory and its share of the GPU's SM time (NVML's per-process "
+        "samples, well above zero); vLLM's own processes not counted. serving and recovered: no gpu_shared (it clears "
+        "within 30 s of the program's exit).",
+        actions=(("shared", 0.0, "foreign_process", 0.0),),
+    ),
     # KV thrash on the GPU: more sequences admitted than the cache holds (128 on 48 blocks of 16: two requests of
     # 340 tokens fit whole), so vLLM preempts all the time and its sampled gauges may read anything between scrapes.
     "kv_thrash": Scenario(

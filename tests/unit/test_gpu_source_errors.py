@@ -4,6 +4,8 @@ everything the happy path reads is proven on the H200 (tests/gpu, tests/data/gpu
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 import time
 import types
@@ -105,6 +107,46 @@ def test_unsupported_field_is_skipped_not_an_error(nvml):
     assert series(reading, "gpu_gpm_supported") == {"0": 0.0, "1": 0.0}  # no GPM: says so
     assert series(reading, "gpu_pcie_tx_bytes_per_second") == {"0": 1024000.0, "1": 1024000.0}  # the NVML fallback
     assert reading.meta["compute_processes"][0] == {"gpu": 0, "pid": 4242, "used_bytes": 70 * 2**30}  # who holds each GPU's memory
+
+
+def test_a_program_started_by_vllm_is_vllms_and_another_is_foreign_on_real_processes(nvml):
+    """NVML lists three processes on GPU 0: vLLM's engine core, a process it started, and an unrelated program. Only
+    the last is another program (gpu_shared's control: work inside vLLM's own tree gives no verdict)."""
+    vllm = subprocess.Popen(["bash", "-c", "sleep 30 & exec sleep 30"])  # the engine core, with a child of its own
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        while not (children := psutil.Process(vllm.pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        helper = children[0].pid
+        module = nvml(count=1)
+        listed = [SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in (vllm.pid, helper, other.pid)]
+        module.nvmlDeviceGetComputeRunningProcesses = lambda handle: listed
+        asked = []
+
+        def samples(handle, since):  # NVML's per-process utilisation: the samples newer than `since` (us)
+            asked.append(since)
+            if since:
+                raise NVMLError("Not Found")  # none since
+            return [SimpleNamespace(pid=other.pid, timeStamp=t, smUtil=sm) for t, sm in ((1_000, 40), (2_000, 50))]
+
+        module.nvmlDeviceGetProcessUtilization = samples
+        source = GpuSource(vllm_pids=lambda: [vllm.pid])
+        reading = source.collect()
+        assert series(reading, "gpu_foreign_compute_processes") == {"0": 1.0}
+        assert reading.meta["foreign_pids"] == [other.pid]
+        shares = {p["pid"]: p.get("sm_ratio") for p in reading.meta["compute_processes"]}
+        assert shares == {vllm.pid: None, helper: None, other.pid: 0.45}  # NVML kept samples of the other program only
+        source._processes_at = None  # the list is read again (every 10 s)
+        again = source.collect()
+        assert asked == [0, 2_000] and "sm_ratio" not in again.meta["compute_processes"][2]  # none since: not carried over
+    finally:
+        for process in (vllm, other):
+            process.kill()
+            process.wait()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
 
 
 def test_nvlink_is_read_only_where_a_link_is_up(nvml):

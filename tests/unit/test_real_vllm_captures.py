@@ -17,6 +17,7 @@
   clients.
 - killed: the 1B model, 16 clients, then every vLLM process SIGKILLed; nothing answers for 3 minutes.
 - foreign: the wide model, 128 clients; another program runs bf16 matmuls on the same GPU for 90 s.
+- gpu_shared: the same for 60 s, recorded since the GPU source reads NVML's per-process SM samples.
 - compute_limit: the wide model at 12, 128, then 384 streamed clients of 900-word prompts: the GPU at its compute limit.
 - api_server_bound: a tiny model, 384 streamed clients asking for logprobs: the API server saturated.
 - seqs_cap: the wide model with --max-num-seqs 8 and 48 clients.
@@ -403,6 +404,32 @@ def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises
     serving, shared = sm_activity_at(marks["shared"]), sm_activity_at(ended)
     assert shared > serving + 0.1, (serving, shared)
     assert not [s.timestamp for s in snapshots if {"tp_straggler", "communication_bound", "tp_rank_lost"} & active(s)]
+
+
+@pytest.mark.parametrize(("name", "pid", "share"), [("foreign", 1214, None), ("gpu_shared", 1259, "46%")])
+def test_another_program_on_vllms_gpu_is_gpu_shared_within_30_s_naming_its_pid_and_clears_when_it_leaves(name, pid, share):
+    """Default settings. The truth written before the gpu_shared run: gpu_shared within 30 s of the other program's start,
+    the primary verdict, naming its pid, its GPU memory (1.0 GiB) and its share of the SM time (NVML's per-process
+    samples; the foreign capture, recorded before the source read them, has none); none before it or within 30 s after
+    it ended, and none in any other capture."""
+    marks = marks_of(name)
+    started, ended = marks["foreign_started"], marks["foreign_ended"]
+    snapshots = replayed(name, load(env={}))
+    first = first_active(snapshots, "gpu_shared", started, ended)
+    assert first is not None and first.timestamp - started <= 30, first and first.timestamp - started
+    texts = [e.text for e in verdict(first, "gpu_shared").evidence]
+    assert any(f"pid {pid} computes on GPU 0 beside vLLM and holds 1.0 GiB" in t for t in texts), texts
+    if share is not None:
+        assert any(f"its kernels ran {share} of the GPU's time" in t for t in texts), texts
+        assert any(t.startswith("vLLM's processes ran ") for t in texts), texts
+    assert first.primary == "gpu_shared"
+    assert all(verdict(s, "gpu_shared").active for s in snapshots if first.timestamp <= s.timestamp <= ended)
+    assert not [s.timestamp for s in snapshots if (s.timestamp < started or s.timestamp > ended + 30) and verdict(s, "gpu_shared").active]
+
+
+def test_no_other_capture_has_another_program_on_vllms_gpu():
+    for name in ("serving", "kv_thrash", "contention", "hung_kernel", "orphan", "compute_limit", "token_budget", "rollout", "killed"):
+        assert not [s.timestamp for s in replayed(name, load(env={})) if verdict(s, "gpu_shared").active], name
 
 
 def test_a_gpu_at_its_compute_limit_queues_with_cause_gpu_compute_and_a_well_sized_server_raises_nothing():

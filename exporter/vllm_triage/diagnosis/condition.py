@@ -57,7 +57,8 @@ class Condition:
     # What discovery found that its evidence names: "max_num_seqs" (its value and where it came from), "host" (vLLM's
     # processes, their busiest threads, the functions holding the GIL), "orphans" (processes that outlived their API
     # server and the GPU memory they hold, while it holds), "lost_ranks" (workers gone while their engine core runs on),
-    # "stuck" (where the stack dump of its current activation found a process waiting: Judge.stuck).
+    # "stuck" (where the stack dump of its current activation found a process waiting: Judge.stuck), "foreign_gpu" (other
+    # programs computing on the scope's GPU: their pids and memory).
     notes: tuple[str, ...] = ()
     # The role whose Python stacks the daemon takes once when the verdict becomes active (py-spy dump): where it is stuck.
     stack_dump_role: str | None = None

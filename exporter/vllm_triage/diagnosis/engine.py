@@ -265,6 +265,9 @@ class Engine:
                 judge.note(notes.max_num_seqs_text, "max_num_seqs", notes.max_num_seqs)
             for text in (notes.host if "host" in condition.notes else ()) + (notes.lost_ranks if "lost_ranks" in condition.notes else ()):
                 judge.note(text)
+            for on, text in notes.foreign_gpu if "foreign_gpu" in condition.notes else ():
+                if on == scope:
+                    judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]
         if holding:

@@ -22,6 +22,7 @@ class Notes:
     orphans: tuple[str, ...] = ()  # processes that outlived their API server, and the GPU memory they hold
     lost_ranks: tuple[str, ...] = ()  # workers gone while their engine core runs on
     stuck: tuple[tuple[str, str, str], ...] = ()  # (role, place, frame): where a process' stack dump found it waiting
+    foreign_gpu: tuple[tuple[str, str], ...] = ()  # (GPU scope, text): other programs computing on a watched GPU
 
 
 @dataclass(frozen=True)

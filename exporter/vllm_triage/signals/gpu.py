@@ -67,6 +67,14 @@ def _recent_mean(metric: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+def _recent_max(metric: str) -> Callable[[SignalContext], float | None]:
+    def compute(ctx: SignalContext) -> float | None:
+        points = ctx.view.recent().gauge_points(metric, ctx.scope, max) if ctx.view.frames else []
+        return max(points) if points else None
+
+    return compute
+
+
 def _memory_free_ratio(ctx: SignalContext) -> float | None:
     """The least free share of a GPU's memory among the scope's GPUs, in the newest reading that has it."""
     for frame in reversed(ctx.view.frames):
@@ -327,6 +335,13 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
         "foreign_compute_processes",
         "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)",
         ("max",),
+    ),
+    SignalDef(
+        "gpu_foreign_compute_processes_recent_max",
+        "foreign_compute_processes",
+        "Processes other than vLLM's computing on the GPU, most over the window's last 10 s (who shares it now).",
+        _recent_max("gpu_foreign_compute_processes"),
+        (("stat", "recent_max"),),
     ),
     SignalDef(
         "gpu_peers",

@@ -72,6 +72,7 @@ class _Device:
     labels: dict[tuple[str, str], Labels] = field(default_factory=dict)  # built once per series
     slow: dict[str, float | None] = field(default_factory=dict)  # see SLOW_REFRESH_SECONDS
     slow_time: float = -math.inf
+    process_samples_seen: int = 0  # NVML's timestamp (us) of the newest per-process utilisation sample read
 
 
 class GpuSource:
@@ -102,6 +103,7 @@ class GpuSource:
         self._stop = threading.Event()
         self._processes: list[ComputeProcess] = []
         self._processes_at: float | None = None
+        self._lineage: dict[int, bool] = {}  # pid -> in vLLM's process tree, for NVML's current list
         # NVML that could not start is asked again after a doubling wait (to INIT_RETRY_MAX_SECONDS), not at every
         # collection: loading the library and failing again cost 0.03 % of a core each second on a host without it.
         self._init_failure: _Unavailable | None = None
@@ -299,8 +301,10 @@ class GpuSource:
         meta["compute_processes"] = held = self._compute_processes()
         ours = set(self.vllm_pids())
         if ours & {p["pid"] for p in held}:  # NVML's pids are this namespace's: a pid that is not vLLM's is another program's
+            theirs = {p["pid"] for p in held if not self._in_vllms_tree(p["pid"], ours)}
+            meta["foreign_pids"] = sorted(theirs)
             for device in self._devices or []:
-                foreign = sum(1 for p in held if p["gpu"] == device.index and p["pid"] not in ours)
+                foreign = sum(1 for p in held if p["gpu"] == device.index and p["pid"] in theirs)
                 samples[("gpu_foreign_compute_processes", make_labels({"gpu": str(device.index), "uuid": device.uuid}))] = float(foreign)
         reading = Reading(
             GPU_SOURCE,
@@ -315,6 +319,34 @@ class GpuSource:
         self._log_state(reading)
         return reading
 
+    def _sm_shares(self, device: _Device) -> dict[int, float]:
+        """pid -> its mean share of the GPU's SM time over NVML's utilisation samples since the last call (empty where
+        NVML keeps none: no process ran a kernel since, or the GPU does not sample per process)."""
+        read = getattr(self._nvml, "nvmlDeviceGetProcessUtilization", None)
+        if read is None:
+            return {}
+        try:
+            samples = self._field("process_utilization", partial(read, device.handle, device.process_samples_seen)) or []
+        except self._nvml.NVMLError:  # NOT_FOUND: no sample since the last call
+            return {}
+        by_pid: dict[int, list[float]] = {}
+        for sample in samples:
+            device.process_samples_seen = max(device.process_samples_seen, int(sample.timeStamp))
+            by_pid.setdefault(int(sample.pid), []).append(min(100.0, max(0.0, float(sample.smUtil))) / 100)
+        return {pid: sum(shares) / len(shares) for pid, shares in by_pid.items()}
+
+    def _in_vllms_tree(self, pid: int, ours: set[int]) -> bool:
+        """Whether a process holding the GPU is one of vLLM's or a descendant of one (a helper vLLM started computes for
+        it, not against it). Asked again only when NVML's list is read again."""
+        known = self._lineage.get(pid)
+        if known is None:
+            try:
+                known = pid in ours or any(parent.pid in ours for parent in psutil.Process(pid).parents())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                known = pid in ours
+            self._lineage[pid] = known
+        return known
+
     def _compute_processes(self) -> list[ComputeProcess]:
         """The processes holding memory on the watched GPUs (NVML's pids: the host's, which match the sidecar's only
         where it shares the host's process namespace), read every PROCESS_LIST_SECONDS: who holds a GPU an orphaned
@@ -327,10 +359,15 @@ class GpuSource:
                 running = self._field("compute_processes", partial(self._nvml.nvmlDeviceGetComputeRunningProcesses, device.handle)) or []
             except self._nvml.NVMLError:
                 continue
+            shares = self._sm_shares(device)
             for process in running[:MAX_COMPUTE_PROCESSES]:
                 used = getattr(process, "usedGpuMemory", None)
-                listed.append(ComputeProcess(gpu=device.index, pid=int(process.pid), used_bytes=float(used) if isinstance(used, int) else None))
+                entry = ComputeProcess(gpu=device.index, pid=int(process.pid), used_bytes=float(used) if isinstance(used, int) else None)
+                if (share := shares.get(int(process.pid))) is not None:
+                    entry["sm_ratio"] = share
+                listed.append(entry)
         self._processes, self._processes_at = listed, self.clock()
+        self._lineage = {}
         return listed
 
     def _read_all(self) -> tuple[dict[SeriesKey, float], list[str]]:

@@ -16,8 +16,8 @@ listed in (/diagnosis, /metrics, the docs); a new one goes at the end of its lay
 
 Precedence, the one story a server tells (the primary verdict is the active one of lowest precedence), in bands:
 -   1- 29  the server is down or stuck: nothing after it can be trusted (unreachable, a rank lost, wedged);
--  30- 69  users are failed or capacity is exhausted (errors, KV cache full, GPU starved, preemption; a queue whose
-           cause is a cap or a budget moves here, 45-46);
+-  30- 69  users are failed or capacity is exhausted or taken (errors, KV cache full, GPU starved, preemption, another
+           program on vLLM's GPU; a queue whose cause is a cap or a budget moves here, 45-46);
 -  70-119  why requests queue or the GPU is slowed (queue backlog, straggler, throttling, PCIe, collectives);
 - 120-169  latency symptoms and the GPU's own limits (fragmentation, TTFT, ITL, bandwidth- or compute-bound);
 - 170-199  waste that harms nobody yet (client underload, features that do not pay).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ...model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from ..condition import Condition, Threshold
 from ..judge import Judge, Term, all_of, any_of, sm_activity_words
@@ -366,6 +368,54 @@ COMMUNICATION_BOUND = Condition(
 )
 
 
+def _gpu_shared(j: Judge) -> Term:
+    if j.signals.get("gpu_foreign_compute_processes_recent_max") is None and j.signals.get("gpu_sm_activity_ratio") is not None:
+        # The GPUs are read, but NVML's pids are not the ones the sidecar sees (another PID namespace: the host's), or it
+        # sees no vLLM process: another program cannot be told from vLLM's. Said, not left unknown at every tick.
+        return j.fact(False, "NVML's compute processes cannot be matched to vLLM's (no process view, or NVML lists the host's pids)")
+    term = j.compare("gpu_foreign_compute_processes_recent_max", ">=", "foreign_processes_min", "other programs computing on vLLM's GPU (NVML, the last 10 s)")
+    if term.holds:
+        activity = j.signals.get("gpu_sm_activity_ratio")
+        if activity is not None:
+            j.note(f"{sm_activity_words(j)} {activity:.2f}: vLLM's kernels and the other program's together", "gpu_sm_activity_ratio", activity)
+    return term
+
+
+def _no_other_program(signals: Mapping[str, float | None]) -> str | None:
+    recent = signals.get("gpu_foreign_compute_processes_recent_max")
+    return "NVML lists no other program on the GPU for the last 10 s" if recent == 0 else None
+
+
+GPU_SHARED = Condition(
+    id="gpu_shared",
+    precedence=65,
+    layer="3",
+    severity="warning",
+    summary="Another program computes on vLLM's GPU",
+    meaning=(
+        "NVML lists a process holding a compute context on a GPU vLLM runs on that is neither one of vLLM's processes nor a "
+        "child of one. Its kernels share the SMs (time-sliced, or MPS) and its memory is not vLLM's: vLLM's steps, and so its "
+        "inter-token latency and throughput, slow down while it runs, and a restarted vLLM may not fit."
+    ),
+    next_actions=(
+        "Find the program from its pid in the evidence (ps -o pid,user,args -p PID, or nvidia-smi) and move it off vLLM's GPU: "
+        "a job scheduled on the wrong node, a notebook left open, a profiler or benchmark started by hand.",
+        "Where the GPU is meant to be shared (time-slicing, MPS), size vLLM for the share it gets: --gpu-memory-utilization, "
+        "and expect its latency to follow the other program's load.",
+    ),
+    predicate=_gpu_shared,
+    reads=("gpu_foreign_compute_processes_recent_max", "gpu_sm_activity_ratio", "gpu_sm_activity_from_gpm"),
+    thresholds=(Threshold("foreign_processes_min", 1.0, "at least this many other programs computing on the GPU in the last 10 s"),),
+    for_seconds=10,
+    clear_seconds=30,
+    sources=(GPU_SOURCE, PROCESS_SOURCE),
+    scope_kind="gpu",
+    contradicted=_no_other_program,
+    notes=("foreign_gpu",),
+    dont=("Do not count vLLM's own helpers as other programs: a process vLLM started is part of vLLM, whatever its title.",),
+)
+
+
 CONDITIONS: tuple[Condition, ...] = (
     TP_STRAGGLER,
     COMMUNICATION_BOUND,
@@ -375,4 +425,5 @@ CONDITIONS: tuple[Condition, ...] = (
     PCIE_SATURATED,
     PCIE_LINK_DEGRADED,
     GPU_THROTTLED,
+    GPU_SHARED,
 )
