@@ -305,6 +305,13 @@ class Config:
         "URL",
     )
     gpm: bool = option(True, _boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
+    bundle_dir: str | None = option(
+        None,
+        _optional(_text),
+        "Where a critical verdict writes its incident bundle (the window's capture, the verdict trail, the stack dumps, vLLM's "
+        "processes, GPUs and flags; at most 5 MiB, one per verdict per 10 minutes, the newest 10 kept); unset: none.",
+        "DIR",
+    )
     # py-spy reads vLLM's memory without pausing it (nonblocking): a window cost a CPU-bound real engine nothing
     # measurable while open, where blocking cost it 2-7 % (README, bench/real_engine.py gil_window).
     gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")

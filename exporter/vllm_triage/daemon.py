@@ -21,6 +21,7 @@ from typing import TypeVar
 from aiohttp.web import Application, AppRunner
 
 from . import html_report
+from .bundle import MIN_SECONDS_BETWEEN, write_bundle
 from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
@@ -36,6 +37,7 @@ from .webconfig import OPEN_PATHS, WebConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+BUNDLE_WAITS_FOR_STACKS_SECONDS = 3.0  # the stack dump the verdict asked for goes in its bundle, unless it takes longer
 
 
 def steady_wall_clock(wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> Callable[[], float]:
@@ -90,6 +92,8 @@ class Daemon:
         self.stack_dumps: tuple[dict[str, object], ...] = ()  # the last stack dump of a wedged engine, shown in /diagnosis
         self._dumped_for: float | None = None  # the activation (its `since`) the last dump was taken for
         self._dumping: asyncio.Task[None] | None = None
+        self._bundled: dict[str, tuple[float | None, float]] = {}  # condition -> (the activation bundled, when)
+        self._bundling: asyncio.Task[None] | None = None
         self._page_lock = asyncio.Lock()
         self._page: tuple[Snapshot | None, bytes] | None = None  # the incident page and the snapshot it was made at
         # The snapshots this sidecar served over the store's horizon: the incident page shows the verdicts as they were
@@ -206,6 +210,7 @@ class Daemon:
     async def _tick(self) -> None:
         await self._in_pipeline(self._tick_if_fed)
         self._dump_stacks_if_asked()
+        self._bundle_if_critical()
 
     def _stuck(self) -> tuple[tuple[str, str, str], ...]:
         """Where the stack dump of a verdict's current activation found its process waiting (role, place, frame): an
@@ -234,6 +239,31 @@ class Daemon:
             self.stack_dumps = ({"condition": asking.condition, "error": f"no {role} process is visible (is the process namespace shared?)"},)
             return
         self._dumping = asyncio.create_task(self._dump(asking.condition, asking.since, found[0]))
+
+    def _bundle_if_critical(self) -> None:
+        """Once per activation of a critical verdict (and at most once per condition in MIN_SECONDS_BETWEEN), with
+        bundle_dir set: write the incident bundle, after the stack dump the verdict asked for, off the loop."""
+        if self.config.bundle_dir is None or self.config.demo or self.snapshot is None or (self._bundling is not None and not self._bundling.done()):
+            return
+        now = self.snapshot.timestamp
+        for verdict in self.snapshot.verdicts:
+            since, written = self._bundled.get(verdict.condition, (None, -math.inf))
+            if verdict.active and verdict.severity == "critical" and verdict.since != since and now - written >= MIN_SECONDS_BETWEEN:
+                self._bundled[verdict.condition] = (verdict.since, now)
+                self._bundling = asyncio.create_task(self._bundle(verdict.condition, self.snapshot, Path(self.config.bundle_dir)))
+                return
+
+    async def _bundle(self, condition: str, snapshot: Snapshot, directory: Path) -> None:
+        if self._dumping is not None and not self._dumping.done():
+            await asyncio.wait([self._dumping], timeout=BUNDLE_WAITS_FOR_STACKS_SECONDS)
+        try:
+            readings = await self._in_pipeline(self.pipeline.store.readings)
+            trail = list(self.history)
+            folder = await asyncio.to_thread(write_bundle, directory, condition, snapshot, trail, readings, self.target, self.stack_dumps)
+        except Exception as exc:  # a full or read-only volume: said, and the sidecar goes on
+            log.error("%s: the incident bundle could not be written to %s: %s", condition, directory, exc)
+        else:
+            log.warning("%s: incident bundle written to %s", condition, folder)
 
     async def _dump(self, condition: str, activation: float | None, process: ProcessEntry) -> None:
         pid = process["pid"]
@@ -314,6 +344,7 @@ class Daemon:
             # and is judged with the new settings from the next tick; its stack dump is not taken twice.
             self.pipeline.engine.take_state(before.pipeline.engine)
             self.stack_dumps, self._dumped_for = before.stack_dumps, before._dumped_for
+            self._bundled = before._bundled
             self.history.extend(before.history)
         if before.snapshot is not None:
             self.snapshot = before.snapshot

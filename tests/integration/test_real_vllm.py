@@ -31,7 +31,8 @@ IDLE_CPU: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def sidecar(vllm, tmp_path_factory):
-    sidecar = start_sidecar(tmp_path_factory.mktemp("sidecar"), vllm.url, FAST)
+    home = tmp_path_factory.mktemp("sidecar")
+    sidecar = start_sidecar(home, vllm.url, FAST + f"bundle_dir: {home / 'bundles'}\n")
     yield sidecar
     sidecar.process.terminate()
     sidecar.process.wait(timeout=10)
@@ -153,6 +154,9 @@ def test_a_stopped_engine_core_is_engine_wedged_with_its_stacks_and_clears_after
         os.kill(core, signal.SIGSTOP)
         try:
             TIMINGS["engine_wedged detected"] = sidecar.wait_for(lambda: sidecar.active()["engine_wedged"] == 1.0, 60, "engine_wedged active")
+            # the incident bundle, for after the restart that usually follows: within 5 s of the verdict
+            bundles = sidecar.log_path.parent / "bundles"
+            TIMINGS["incident bundle written"] = sidecar.wait_for(lambda: [p for p in bundles.glob("*-engine_wedged")], 5, "the incident bundle")
             assert get(vllm.url + "/health")[0] == 200  # what vLLM itself says meanwhile
             wedged = sidecar.condition("engine_wedged")
             assert wedged["cause"] == "process_stopped", wedged
@@ -166,6 +170,11 @@ def test_a_stopped_engine_core_is_engine_wedged_with_its_stacks_and_clears_after
             dump = sidecar.diagnosis()["stack_dumps"][0]
             assert dump["pid"] == core and dump["status"] == "stopped", dump
             assert f"Process {core}" in dump["stacks"] and "Thread" in dump["stacks"], dump
+            written = next(bundles.glob("*-engine_wedged"))
+            assert '"primary": "engine_wedged"' in (written / "diagnosis.json").read_text()
+            replayed = [str(BIN / "vllm-triage"), "replay", str(written / "capture.jsonl.gz"), "--config", str(sidecar.log_path.parent / "sidecar.yaml")]
+            output = subprocess.run(replayed, capture_output=True, text=True, timeout=60, check=True).stdout
+            assert "engine_wedged" in output and "-> active" in output, output
         finally:
             os.kill(core, signal.SIGCONT)
         TIMINGS["engine_wedged cleared"] = sidecar.wait_for(lambda: sidecar.active()["engine_wedged"] == 0.0, 30, "engine_wedged cleared")

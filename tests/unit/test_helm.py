@@ -496,6 +496,29 @@ def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the
     assert not uids[0] & uids[1]
 
 
+def test_incident_bundles_go_on_a_volume_of_their_own_an_emptydir_unless_a_claim_is_given():
+    """The sidecar writes a critical verdict's bundle under /var/lib/vllm-triage/bundles (--bundle-dir): on a 64Mi
+    emptyDir by default, which outlives a restart of a container; on a PVC by value; nowhere when turned off."""
+
+    def bundles(values: dict) -> tuple[list[str], list[dict], list[dict]]:
+        deployment = next(o for o in render(values) if o["kind"] == "Deployment")
+        sidecar = containers(deployment)["vllm-triage"]
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        mounts = [m for m in sidecar["volumeMounts"] if m["name"] == "vllm-triage-bundles"]
+        return [a for a in sidecar["args"] if a.startswith("--bundle-dir")], mounts, [v for v in volumes if v["name"] == "vllm-triage-bundles"]
+
+    assert bundles({}) == (
+        ["--bundle-dir=/var/lib/vllm-triage/bundles"],
+        [{"name": "vllm-triage-bundles", "mountPath": "/var/lib/vllm-triage/bundles"}],
+        [{"name": "vllm-triage-bundles", "emptyDir": {"sizeLimit": "64Mi"}}],
+    )
+    claim = {"triage": {"bundles": {"volume": {"persistentVolumeClaim": {"claimName": "vllm-incidents"}}}}}
+    assert bundles(claim)[2] == [{"name": "vllm-triage-bundles", "persistentVolumeClaim": {"claimName": "vllm-incidents"}}]
+    assert bundles({"triage": {"bundles": {"enabled": False}}}) == ([], [], [])
+    with pytest.raises(helm_python.HelmError, match="volume"):
+        render({"triage": {"bundles": {"volume": {"emptyDir": {}, "hostPath": {"path": "/x"}}}}})
+
+
 def test_the_fleet_dashboard_is_rendered_once_for_the_cluster_by_the_release_that_asks():
     """Every release rendered its own fleet board, one per release in Grafana's list: with `fleet: cluster` one release
     renders it over every release's pods under the generated uid and name; the others set `none`."""

@@ -55,6 +55,9 @@ shareProcessNamespace: true.
     - --gil-window-seconds={{ $profiler.windowSeconds }}
     - --gil-rate={{ $profiler.rate }}
     {{- end }}
+    {{- if $triage.bundles.enabled }}
+    - --bundle-dir=/var/lib/vllm-triage/bundles
+    {{- end }}
     {{- if $triage.config }}
     - --config=/etc/vllm-triage/config.yaml
     {{- end }}
@@ -109,6 +112,10 @@ shareProcessNamespace: true.
   volumeMounts:
     - name: vllm-triage-tmp
       mountPath: /tmp
+    {{- if $triage.bundles.enabled }}
+    - name: vllm-triage-bundles
+      mountPath: /var/lib/vllm-triage/bundles
+    {{- end }}
     {{- if $triage.config }}
     - name: vllm-triage-config
       mountPath: /etc/vllm-triage
@@ -136,6 +143,10 @@ lists its GPUs in, and, with triage.config, its config file from the ConfigMap n
 - name: vllm-triage-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if .values.triage.bundles.enabled }}
+- name: vllm-triage-bundles
+  {{- toYaml (.values.triage.bundles.volume | default (dict "emptyDir" (dict "sizeLimit" "64Mi"))) | nindent 2 }}
+{{- end }}
 {{- if .gpusFile }}
 - name: vllm-triage-run
   emptyDir:

@@ -1,0 +1,64 @@
+"""The incident bundle (bundle.py): what a critical verdict leaves behind for after the restart, bounded."""
+
+from __future__ import annotations
+
+import gzip
+from hashlib import sha256
+from pathlib import Path
+
+from vllm_triage import bundle
+from vllm_triage.capture import read_readings
+from vllm_triage.config import load
+from vllm_triage.model import Reading, make_labels
+from vllm_triage.pipeline import Pipeline, replay
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_a_hung_kernel_s_bundle_replays_to_the_same_verdict_and_holds_no_credentials(tmp_path):
+    """Written at the tick engine_wedged rose on the H200's hung kernel capture: its capture replays to engine_wedged
+    again, and the scraped URL's password is nowhere in it."""
+    readings = list(read_readings(DATA / "real-vllm-h200-hung_kernel.jsonl.gz"))
+    config = load(env={})
+    pipeline = Pipeline(config, readings)
+    trail: list = []
+    written: list[Path] = []
+
+    def on_tick(snapshot) -> None:
+        trail.append(snapshot)
+        if not written and next(v for v in snapshot.verdicts if v.condition == "engine_wedged").active:
+            written.append(bundle.write_bundle(tmp_path, "engine_wedged", snapshot, trail, pipeline.store.readings(), "http://ops:s3cret@vllm:8000"))
+
+    pipeline.replay(readings, on_tick)
+    folder = written[0]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "stacks.json", "verdicts.json"]
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= bundle.MAX_BUNDLE_BYTES
+    assert '"primary": "engine_wedged"' in (folder / "diagnosis.json").read_text()
+    again: list = []
+    replay(list(read_readings(folder / "capture.jsonl.gz")), config, again.append)
+    assert next(v for v in again[-1].verdicts if v.condition == "engine_wedged").active
+    assert not [p for p in folder.iterdir() if b"s3cret" in (gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())]
+
+
+def test_a_bundle_keeps_the_newest_readings_within_its_bound_and_the_newest_bundles(tmp_path, monkeypatch):
+    """A window too large for the bound keeps its newest readings; past KEEP_BUNDLES the oldest bundles go."""
+    monkeypatch.setattr(bundle, "MAX_BUNDLE_BYTES", 200_000)
+    monkeypatch.setattr(bundle, "KEEP_BUNDLES", 3)
+    snapshot = Pipeline(load(env={})).evaluate(1_000.0)
+    noisy = [  # label values that do not compress: 400 series a reading, 60 readings
+        Reading(
+            "vllm",
+            1_000.0 + t,
+            True,
+            {("vllm:num_requests_running", make_labels({"n": sha256(f"{t}-{i}".encode()).hexdigest()})): float(i) for i in range(400)},
+        )
+        for t in range(60)
+    ]
+    folder = bundle.write_bundle(tmp_path, "vllm_unreachable", snapshot, [], noisy, "http://vllm:8000")
+    kept = list(read_readings(folder / "capture.jsonl.gz"))
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= 200_000
+    assert 0 < len(kept) < len(noisy) and kept[-1].timestamp == noisy[-1].timestamp  # the newest stay
+    for moment in range(4):
+        bundle.write_bundle(tmp_path, "engine_wedged", Pipeline(load(env={})).evaluate(2_000.0 + moment), [], noisy[-2:], "http://vllm:8000")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 3 and all("engine_wedged" in n for n in names)  # the oldest three went, the first one with them
