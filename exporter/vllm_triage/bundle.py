@@ -5,9 +5,12 @@ prompt or output text is ever read; the URL is written without its credentials."
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import shutil
+import tarfile
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,3 +91,15 @@ def _prune(directory: Path) -> None:
     bundles = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     for old in bundles[:-KEEP_BUNDLES]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def bundle_archive(
+    condition: str, snapshot: Snapshot, trail: Sequence[Snapshot], readings: Sequence[Reading], target: str, stack_dumps: Sequence[dict[str, object]] = ()
+) -> bytes:
+    """The bundle of this moment as a .tar.gz (`vllm-triage bundle`, GET /bundle.tar.gz): the same folder, not kept."""
+    with tempfile.TemporaryDirectory(prefix="vllm-triage-bundle-") as scratch:
+        folder = write_bundle(Path(scratch), condition, snapshot, trail, readings, target, stack_dumps)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            archive.add(folder, arcname=folder.name)
+        return buffer.getvalue()

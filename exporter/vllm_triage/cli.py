@@ -1,4 +1,4 @@
-"""`vllm-triage serve | diagnose | record | replay | report | fleet | trace`."""
+"""`vllm-triage serve | diagnose | record | replay | report | bundle | fleet | trace`."""
 
 from __future__ import annotations
 
@@ -196,6 +196,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Write the sidecar's incident page of its last minutes (its /report.html) to OUT; of a capture or Prometheus: replay --html.",
     )
 
+    bundle = commands.add_parser(
+        "bundle", help="Fetch a running sidecar's incident bundle of this moment (its window's capture, verdicts, stacks, vLLM's processes and flags)."
+    )
+    bundle.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"The sidecar's address. Default http://127.0.0.1:{DEFAULT_PORT}.")
+    bundle.add_argument("--out", metavar="FILE", help="Where to write the .tar.gz. Default vllm-triage-bundle-<UTC time>.tar.gz here.")
+    bundle.add_argument("--timeout", type=_seconds, default=30.0, help="Give up after this many seconds. Default 30.")
+
     play = commands.add_parser("replay", help="Run the pipeline over a capture on a virtual clock; print the verdict timeline.")
     with_config(play)
     add_flags(play, ("tick_seconds", "window_seconds", "max_num_seqs", "log_level"))
@@ -234,19 +241,37 @@ def _config(args: argparse.Namespace) -> Config:
     return load(getattr(args, "config", None), flags=flags)
 
 
-def _report(args: argparse.Namespace) -> int:
-    """GET /report or /diagnosis from a running sidecar and print it (or /report.html, written to a file)."""
-    url = args.url.rstrip("/") + ("/report.html" if args.html else "/diagnosis" if args.json else "/report")
+def _from_sidecar(url: str, timeout: float) -> bytes | None:
+    """GET one of a running sidecar's pages; None, said on stderr, when it does not answer or answers an error."""
     try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as response:
-            body = response.read().decode("utf-8", errors="replace")
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return bytes(response.read())
     except urllib.error.HTTPError as error:  # 503 while starting: its body says why
         print(f"vllm-triage: {url} answered {error.code}: {error.read().decode('utf-8', errors='replace').strip()}", file=sys.stderr)
-        return 1
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         print(f"vllm-triage: no sidecar answers at {url}: {reason}", file=sys.stderr)
+    return None
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    """GET /bundle.tar.gz from a running sidecar and write it."""
+    archive = _from_sidecar(args.url.rstrip("/") + "/bundle.tar.gz", args.timeout)
+    if archive is None:
         return 1
+    out = Path(args.out or time.strftime("vllm-triage-bundle-%Y%m%dT%H%M%SZ.tar.gz", time.gmtime()))
+    out.write_bytes(archive)
+    print(f"wrote {out} ({len(archive) / 1e3:.0f} kB): tar xzf it; its capture.jsonl.gz replays (vllm-triage replay)", file=sys.stderr)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    """GET /report or /diagnosis from a running sidecar and print it (or /report.html, written to a file)."""
+    url = args.url.rstrip("/") + ("/report.html" if args.html else "/diagnosis" if args.json else "/report")
+    fetched = _from_sidecar(url, args.timeout)
+    if fetched is None:
+        return 1
+    body = fetched.decode("utf-8", errors="replace")
     if args.html:
         Path(args.html).write_text(body, encoding="utf-8")
         print(f"wrote {args.html} ({len(body.encode()) / 1e3:.0f} kB)", file=sys.stderr)
@@ -453,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diagnose(args, config)
         if args.command == "report":
             return _report(args)
+        if args.command == "bundle":
+            return _bundle(args)
         if args.command == "record":
             return _record(args, config)
         if args.command == "fleet":

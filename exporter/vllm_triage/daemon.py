@@ -21,7 +21,7 @@ from typing import TypeVar
 from aiohttp.web import Application, AppRunner
 
 from . import html_report
-from .bundle import MIN_SECONDS_BETWEEN, write_bundle
+from .bundle import MIN_SECONDS_BETWEEN, bundle_archive, write_bundle
 from .capture import demo_capture_path, read_readings
 from .config import Config, ConfigError
 from .cpu_account import CPU
@@ -94,6 +94,7 @@ class Daemon:
         self._dumping: asyncio.Task[None] | None = None
         self._bundled: dict[str, tuple[float | None, float]] = {}  # condition -> (the activation bundled, when)
         self._bundling: asyncio.Task[None] | None = None
+        self._archive_lock = asyncio.Lock()
         self._page_lock = asyncio.Lock()
         self._page: tuple[Snapshot | None, bytes] | None = None  # the incident page and the snapshot it was made at
         # The snapshots this sidecar served over the store's horizon: the incident page shows the verdicts as they were
@@ -123,6 +124,15 @@ class Daemon:
                 page = await asyncio.to_thread(_incident_page, readings, list(self.history), title)
                 self._page = (snapshot, page)
             return self._page[1]
+
+    async def bundle_archive(self) -> bytes:
+        """The incident bundle of this moment as a .tar.gz, asked for (GET /bundle.tar.gz, `vllm-triage bundle`): one
+        at a time, off the loop."""
+        async with self._archive_lock:
+            snapshot = self.snapshot
+            assert snapshot is not None  # the handler answers 503 before the first evaluation
+            readings = await self._in_pipeline(self.pipeline.store.readings)
+            return await asyncio.to_thread(bundle_archive, "asked", snapshot, list(self.history), readings, self.target, self.stack_dumps)
 
     @property
     def target(self) -> str:
@@ -390,6 +400,9 @@ class _Current:
 
     async def report_page(self) -> bytes:
         return await self.daemon.report_page()
+
+    async def bundle_archive(self) -> bytes:
+        return await self.daemon.bundle_archive()
 
 
 def _listener(config: Config) -> tuple[str, int, int, float]:

@@ -1,4 +1,4 @@
-"""HTTP outlets: /, /metrics, /healthz, /readyz, /engine-liveness, /diagnosis, /report, /report.html. Handlers read bytes prepared once
+"""HTTP outlets: /, /metrics, /healthz, /readyz, /engine-liveness, /diagnosis, /report, /report.html, /bundle.tar.gz. Handlers read bytes prepared once
 per snapshot (the text report, and a /metrics format nobody asked for before, on first request)."""
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class Outlets(Protocol):
     async def metrics_body(self, openmetrics: bool) -> bytes: ...
 
     async def report_page(self) -> bytes: ...
+
+    async def bundle_archive(self) -> bytes: ...
 
 
 class _LastResult(Generic[T]):
@@ -376,6 +378,13 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
             return web.Response(status=503, text="starting: no evaluation yet\n")
         return web.Response(body=await outlets.report_page(), content_type="text/html", charset="utf-8")
 
+    async def bundle(_: web.Request) -> web.StreamResponse:
+        if outlets.snapshot is None:
+            return web.Response(status=503, text="starting: no evaluation yet\n")
+        body = await outlets.bundle_archive()
+        headers = {"Content-Disposition": 'attachment; filename="vllm-triage-bundle.tar.gz"'}
+        return web.Response(body=body, content_type="application/gzip", headers=headers)
+
     async def index(_: web.Request) -> web.StreamResponse:
         return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
 
@@ -387,6 +396,7 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     app.router.add_get("/diagnosis", diagnosis)
     app.router.add_get("/report", report)
     app.router.add_get("/report.html", report_page)
+    app.router.add_get("/bundle.tar.gz", bundle)
     return app
 
 
@@ -405,6 +415,7 @@ def landing_page(snapshot: Snapshot | None) -> str:
 <li><a href="diagnosis">/diagnosis</a> every condition with state, evidence and next actions (JSON)</li>
 <li><a href="report">/report</a> the same as a report to read (what <code>vllm-triage diagnose</code> prints)</li>
 <li><a href="report.html">/report.html</a> the incident page of the last minutes: the verdicts over the three layers' plots</li>
+<li><a href="bundle.tar.gz">/bundle.tar.gz</a> the incident bundle of this moment: the window's capture, the verdicts, the stacks</li>
 <li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
 <li><a href="engine-liveness">/engine-liveness</a> 503 while vLLM's engine is hung (engine_wedged; opt-in: engine_liveness_endpoint)</li>
 </ul>{status}

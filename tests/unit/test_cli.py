@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import tarfile
 import time
 
 import pytest
@@ -154,6 +155,29 @@ def test_report_reads_a_running_sidecar_without_curl(tmp_path, capsys):
         sidecar.process.wait(timeout=30)
     assert main(["report", "--url", sidecar.url, "--timeout", "2"]) == 1
     assert f"no sidecar answers at {sidecar.url}/report" in capsys.readouterr().err
+
+
+def test_bundle_fetches_a_running_sidecar_s_incident_bundle_that_replays(tmp_path, capsys):
+    """`kubectl exec <pod> -c vllm-triage -- vllm-triage bundle` before a restart: the sidecar's window, its verdicts and
+    what it found of vLLM, as one .tar.gz whose capture replays."""
+    sidecar = start_sidecar(tmp_path, "http://127.0.0.1:9", "", "--demo")
+    try:
+        time.sleep(4)  # a few of the demo's readings in the window
+        out = tmp_path / "incident.tar.gz"
+        assert main(["bundle", "--url", sidecar.url, "--out", str(out)]) == 0
+        assert f"wrote {out}" in capsys.readouterr().err
+    finally:
+        sidecar.process.terminate()
+        sidecar.process.wait(timeout=30)
+    with tarfile.open(out) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    (folder,) = (tmp_path / "unpacked").iterdir()
+    assert folder.name.endswith("-asked")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "stacks.json", "verdicts.json"]
+    assert json.loads((folder / "diagnosis.json").read_text())["discovery"]["vllm_version"] == "0.26.0"
+    assert list(read_readings(folder / "capture.jsonl.gz")) and main(["replay", str(folder / "capture.jsonl.gz")]) == 0
+    assert main(["bundle", "--url", sidecar.url, "--timeout", "2"]) == 1
+    assert f"no sidecar answers at {sidecar.url}/bundle.tar.gz" in capsys.readouterr().err
 
 
 def test_the_demo_replays_faster_on_a_clock_as_fast(tmp_path, capsys):
