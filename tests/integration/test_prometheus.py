@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 SIDECAR_CONFIG = FAST_CADENCE + FAST_CONDITIONS
 # a real vLLM on the H200 with all four sources and --enable-mfu-metrics: the efficiency panels have data too
 # speculative decoding (a draft model), tensor parallelism (its peers and interconnect): no data on these servers
-NEEDS_A_FEATURE = ("spec_decode_ineffective", "tp_straggler", "communication_bound")
+# Drill-downs whose signals exist only with a vLLM feature this one does not run, or a view its captures lack (gpu_shared:
+# NVML's pids matched to vLLM's, which the recorded GPU capture predates).
+NEEDS_A_FEATURE = ("spec_decode_ineffective", "tp_straggler", "communication_bound", "gpu_shared")
 GPU_CAPTURE = REPO / "tests" / "data" / "real-vllm-h200-efficiency_wedge.jsonl.gz"
 # Grafana's "All" (the variables' allValue), then one model, engine and namespace picked as a person would:
 # each panel must show data either way (a filter on a label its series lack blanks it only in the second).
@@ -70,7 +72,6 @@ def test_dashboards_and_alerts_against_a_real_prometheus(vllm, tmp_path):
             for name, build in DASHBOARDS.items()
             for title, expr in panel_queries(build())
         ]
-        # a drill-down whose signals exist only with a vLLM feature this one does not run
         queries = [(panel, expr) for panel, expr in queries if not any(f"/ {cid} (" in panel for cid in NEEDS_A_FEATURE)]
         deadline = time.monotonic() + 60  # the GPU replay moves through its phases: give late series a minute
         while True:

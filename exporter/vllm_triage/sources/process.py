@@ -123,9 +123,9 @@ def role_of(cmdline: list[str], title_prefix: str) -> str | None:
 
 
 RESCAN_SECONDS = 30.0  # a full scan of /proc for vLLM's processes; sampling known ones is cheaper
-# A process known this long keeps its title: its command line is not read again at each scan (reading every
-# process' was 20 ms a scan on the H200's host, most of this source's cost). vLLM titles its processes within
-# seconds of their start (VLLM::EngineCore), so a younger one is read again.
+# A process known this long, and not vLLM's, keeps its title: its command line is not read again at each scan (reading
+# every process' was 20 ms a scan on the H200's host, most of this source's cost). vLLM titles its processes within
+# seconds of their start (VLLM::EngineCore), so a younger one is read again; vLLM's own always are.
 TITLE_SETTLED_SECONDS = 60.0
 # Reading every thread's CPU is most of a collection (the engine core and the API server run ~100 threads
 # each on a GPU): done this often, the busiest thread's share is over these seconds and repeated between.
@@ -203,7 +203,8 @@ class ProcessSource:
                 continue  # gone since the listing
             key = (pid, started)
             remembered = self._known.get(key)
-            if remembered is None or now - remembered[0] < TITLE_SETTLED_SECONDS:
+            # vLLM's own are read at every scan (an exited one turns zombie: its command line is gone, and so is it)
+            if remembered is None or remembered[1] is not None or now - remembered[0] < TITLE_SETTLED_SECONDS:
                 try:
                     proc = psutil.Process(pid)
                     cmdline = proc.cmdline()
