@@ -23,6 +23,8 @@ from vllm_triage.config import Config, load
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 
+from harness.gpu.truth import with_foreign_sm_ratio
+
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
 FLAGSHIP = ("kv_thrash", "contention", "hung_kernel", "killed", "orphan", "api_server_bound", "token_budget", "compute_limit", "gpu_shared")
@@ -31,7 +33,7 @@ FLAGSHIP = ("kv_thrash", "contention", "hung_kernel", "killed", "orphan", "api_s
 def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, str, str]], list[tuple[str, float, float]], float, int, float]:
     """(transitions as (seconds in, condition, before, after), phases as (name, start, end), CPU seconds a tick, ticks,
     the capture's length)."""
-    readings = list(read_readings(path))
+    readings = list(with_foreign_sm_ratio(read_readings(path)))
     start = readings[0].timestamp
     phases = []
     offset = 0.0

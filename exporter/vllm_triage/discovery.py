@@ -161,21 +161,24 @@ class Discovery:
         return notes
 
     def foreign_gpu_notes(self) -> list[tuple[str, str]]:
-        """(GPU scope, 'pid 1214 computes on GPU 0 beside vLLM and holds 1.0 GiB of it'), one per other program on a
-        watched GPU."""
+        """(GPU scope, 'pid 1214 computes on GPU 0 beside vLLM and holds 1.0 GiB of it: ...'), one per other program on a
+        watched GPU, with what NVML's per-process samples say it computed."""
         notes = []
         for held in self.gpu_processes:
             if held.get("pid") in self.foreign_pids:
                 used = held.get("used_bytes")
-                memory = f" and holds {used / 2**30:.1f} GiB of it" if used is not None else ""
+                gib = f"{used / 2**30:.1f} GiB" if used is not None else None
                 share = held.get("sm_ratio")
-                time = f"its kernels ran {share:.0%} of the GPU's time (NVML, the last 10 s)" if share is not None else "its kernels take SM time from vLLM's"
-                notes.append(
-                    (
-                        gpu_scope(str(held["gpu"])),
-                        f"pid {held['pid']} computes on GPU {held['gpu']} beside vLLM{memory}: {time} (ps -o pid,user,args -p {held['pid']})",
-                    )
-                )
+                if share is not None and share > 0:
+                    memory = f" and holds {gib} of it" if gib else ""
+                    what = f"computes on GPU {held['gpu']} beside vLLM{memory}: its kernels ran {share:.0%} of the GPU's time (NVML, the last 10 s)"
+                else:
+                    memory = f" ({gib} of its memory)" if gib else ""
+                    why = "it ran no kernel in the last 10 s (NVML)"
+                    if share is None:
+                        why = "NVML keeps no per-process samples here, so whether it computes is not known"
+                    what = f"holds a compute context on GPU {held['gpu']} beside vLLM{memory}: {why}"
+                notes.append((gpu_scope(str(held["gpu"])), f"pid {held['pid']} {what} (ps -o pid,user,args -p {held['pid']})"))
         for gpu in sorted({h["gpu"] for h in self.gpu_processes if h.get("pid") in self.foreign_pids}):
             shares = [
                 share for h in self.gpu_processes if h["gpu"] == gpu and h.get("pid") not in self.foreign_pids and (share := h.get("sm_ratio")) is not None

@@ -64,7 +64,12 @@ LATEST_HELP = {
     "gpu_nvlink_tx_bytes_per_second": "NVLink transmit throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
     "gpu_nvlink_rx_bytes_per_second": "NVLink receive throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
     "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
-    "gpu_foreign_compute_processes": "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's).",
+    "gpu_foreign_compute_processes": (
+        "Processes other than vLLM's holding a compute context on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)."
+    ),
+    "gpu_foreign_sm_ratio": (
+        "Share of the GPU's time the other programs' kernels ran (NVML's per-process samples since the list was read before; absent where the GPU keeps none)."
+    ),
 }
 
 

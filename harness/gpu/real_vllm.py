@@ -168,15 +168,16 @@ SCENARIOS = {
         (
             Phase("idle", 10),
             Phase("serving", 40, 128, 300, 128),
-            Phase("shared", 60, 128, 300, 128),
+            Phase("shared", 90, 128, 300, 128),
             Phase("recovered", 45, 128, 300, 128),
             Phase("idle", 10),
         ),
-        "shared (another process running bf16 matmuls on the GPU): gpu_shared within 30 s of its start, the primary verdict, "
-        "its evidence naming the program's pid, its GPU memory and its share of the GPU's SM time (NVML's per-process "
-        "samples, well above zero); vLLM's own processes not counted. serving and recovered: no gpu_shared (it clears "
-        "within 30 s of the program's exit).",
-        actions=(("shared", 0.0, "foreign_process", 0.0),),
+        "shared: another process takes a CUDA context and 1 GiB on the GPU and runs no kernel for 30 s (no gpu_shared: "
+        "NVML lists it, its per-process samples give it no SM time), then runs bf16 matmuls: gpu_shared within 30 s of "
+        "foreign_computing, the primary verdict, its evidence naming the program's pid, its GPU memory and its share of "
+        "the GPU's SM time (well above zero); vLLM's own processes not counted. serving and recovered: no gpu_shared (it "
+        "clears within 30 s of the program's exit).",
+        actions=(("shared", 0.0, "foreign_process", 30.0),),
     ),
     # KV thrash on the GPU: more sequences admitted than the cache holds (128 on 48 blocks of 16: two requests of
     # 340 tokens fit whole), so vLLM preempts all the time and its sampled gauges may read anything between scrapes.
@@ -454,11 +455,19 @@ async def act(action: str, argument: float, after: float, server: Server, marks:
                 hog.kill()
             marks.append(("contention_ended", time.time()))
     elif action == "foreign_process":
-        code = "import torch\nx = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\nwhile True:\n    y = x @ x\n    torch.cuda.synchronize()"
+        # `argument` s holding its context and memory without a kernel (a notebook left open), then bf16 matmuls
+        computing = time.time() + argument
+        code = (
+            "import time, torch\nx = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\ntorch.cuda.synchronize()\n"
+            f"time.sleep(max(0.0, {computing} - time.time()))\nwhile True:\n    y = x @ x\n    torch.cuda.synchronize()"
+        )
         other = subprocess.Popen([sys.executable, "-c", code])
         marks.append(("foreign_started", time.time()))
-        print(f"  another program (pid {other.pid}) computes on the GPU", flush=True)
+        print(f"  another program (pid {other.pid}) on the GPU, computing {argument:.0f} s from now", flush=True)
         try:
+            if argument:
+                await asyncio.sleep(max(0.0, computing - time.time()))
+                marks.append(("foreign_computing", time.time()))
             await asyncio.sleep(max(0.0, until - time.time()))
         finally:
             other.kill()

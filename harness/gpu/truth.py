@@ -3,8 +3,10 @@ and in CI on the captures recorded there (tests/unit/test_gpu_captures.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from vllm_triage.capture import read_readings
@@ -48,7 +50,29 @@ def write_phases(workload_output: str, path: Path) -> None:
 
 
 # Marks the real-vLLM driver keeps for what it did inside a phase (harness/gpu/real_vllm.py): not phases.
-ACTION_MARKS = frozenset({"engine_stopped", "engine_continued", "contention_started", "contention_ended", "kernel_hung", "api_server_killed"})
+ACTION_MARKS = frozenset(
+    {"engine_stopped", "engine_continued", "contention_started", "contention_ended", "kernel_hung", "api_server_killed", "vllm_killed"}
+    | {"foreign_started", "foreign_computing", "foreign_ended"}
+)
+
+
+def with_foreign_sm_ratio(readings: Iterable[Reading]) -> Iterator[Reading]:
+    """The gpu_shared capture was recorded (2026-12-04) when the GPU source kept NVML's per-process SM shares only in its
+    meta (`sm_ratio` of each compute process that had samples) and had no gpu_foreign_sm_ratio sample. Where a reading's
+    meta has such shares, the sample is what the source computes now: the sum of the other programs' shares on each GPU
+    (a listed pid without a sample ran no kernel). Readings whose meta has none are left as they are."""
+    for reading in readings:
+        held = reading.meta.get("compute_processes", []) if reading.source == "gpu" and reading.ok else []
+        if not any("sm_ratio" in p for p in held) or "foreign_pids" not in reading.meta:
+            yield reading
+            continue
+        samples = dict(reading.samples)
+        for (name, labels), _ in reading.samples.items():
+            if name == "gpu_foreign_compute_processes":
+                gpu = int(dict(labels)["gpu"])
+                theirs = [p.get("sm_ratio", 0.0) for p in held if p["gpu"] == gpu and p["pid"] in reading.meta["foreign_pids"]]
+                samples[("gpu_foreign_sm_ratio", labels)] = min(1.0, sum(theirs))
+        yield dataclasses.replace(reading, samples=samples)
 
 
 def read_phases(path: Path) -> list[tuple[str, float, float]]:

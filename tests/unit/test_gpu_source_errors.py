@@ -28,11 +28,16 @@ class GpuLost(NVMLError):
     pass
 
 
+class NotFound(NVMLError):
+    pass
+
+
 def fake_nvml(lost: set[int] | None = None, unsupported: set[str] = frozenset(), count: int = 2) -> types.ModuleType:
     lost = lost if lost is not None else set()
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
     m.NVMLError_NotSupported = NotSupported
+    m.NVMLError_NotFound = NotFound
     m.NVMLError_FunctionNotFound = type("FunctionNotFound", (NVMLError,), {})
     m.nvmlMemory_v2 = 2
     m.NVML_TEMPERATURE_GPU = 0
@@ -127,7 +132,7 @@ def test_a_program_started_by_vllm_is_vllms_and_another_is_foreign_on_real_proce
         def samples(handle, since):  # NVML's per-process utilisation: the samples newer than `since` (us)
             asked.append(since)
             if since:
-                raise NVMLError("Not Found")  # none since
+                raise NotFound("Not Found")  # no process ran a kernel since
             return [SimpleNamespace(pid=other.pid, timeStamp=t, smUtil=sm) for t, sm in ((1_000, 40), (2_000, 50))]
 
         module.nvmlDeviceGetProcessUtilization = samples
@@ -136,10 +141,18 @@ def test_a_program_started_by_vllm_is_vllms_and_another_is_foreign_on_real_proce
         assert series(reading, "gpu_foreign_compute_processes") == {"0": 1.0}
         assert reading.meta["foreign_pids"] == [other.pid]
         shares = {p["pid"]: p.get("sm_ratio") for p in reading.meta["compute_processes"]}
-        assert shares == {vllm.pid: None, helper: None, other.pid: 0.45}  # NVML kept samples of the other program only
+        assert shares == {vllm.pid: 0.0, helper: 0.0, other.pid: 0.45}  # NVML kept samples of the other program only
+        assert series(reading, "gpu_foreign_sm_ratio") == {"0": 0.45}
         source._processes_at = None  # the list is read again (every 10 s)
         again = source.collect()
-        assert asked == [0, 2_000] and "sm_ratio" not in again.meta["compute_processes"][2]  # none since: not carried over
+        assert asked == [0, 2_000] and again.meta["compute_processes"][2]["sm_ratio"] == 0.0  # no kernel since: not carried over
+        assert series(again, "gpu_foreign_sm_ratio") == {"0": 0.0}  # a context held open computes nothing
+
+        module.nvmlDeviceGetProcessUtilization = lambda handle, since: (_ for _ in ()).throw(NotSupported("Not Supported"))
+        blind = GpuSource(vllm_pids=lambda: [vllm.pid])
+        reading = blind.collect()  # no per-process samples on this GPU: who holds it is known, what it computes is not
+        assert series(reading, "gpu_foreign_compute_processes") == {"0": 1.0} and "gpu_foreign_sm_ratio" not in {n for n, _ in reading.samples}
+        assert all("sm_ratio" not in p for p in reading.meta["compute_processes"])
     finally:
         for process in (vllm, other):
             process.kill()

@@ -37,7 +37,7 @@ from vllm_triage.pipeline import replay
 from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
 
-from harness.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases
+from harness.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases, with_foreign_sm_ratio
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -406,29 +406,45 @@ def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises
     assert not [s.timestamp for s in snapshots if {"tp_straggler", "communication_bound", "tp_rank_lost"} & active(s)]
 
 
-@pytest.mark.parametrize(("name", "pid", "share"), [("foreign", 1214, None), ("gpu_shared", 1259, "46%")])
-def test_another_program_on_vllms_gpu_is_gpu_shared_within_30_s_naming_its_pid_and_clears_when_it_leaves(name, pid, share):
+def test_another_program_computing_on_vllms_gpu_is_gpu_shared_within_30_s_naming_its_pid_and_clears_when_it_leaves():
     """Default settings. The truth written before the gpu_shared run: gpu_shared within 30 s of the other program's start,
     the primary verdict, naming its pid, its GPU memory (1.0 GiB) and its share of the SM time (NVML's per-process
-    samples; the foreign capture, recorded before the source read them, has none); none before it or within 30 s after
-    it ended, and none in any other capture."""
-    marks = marks_of(name)
+    samples); none before it or within 30 s after it ended. Recorded when the source kept those shares in its meta only
+    (with_foreign_sm_ratio gives them as the sample the source exports now)."""
+    marks = marks_of("gpu_shared")
     started, ended = marks["foreign_started"], marks["foreign_ended"]
-    snapshots = replayed(name, load(env={}))
+    path, _ = capture("gpu_shared")
+    snapshots: list = []
+    replay(list(with_foreign_sm_ratio(read_readings(path))), load(env={}), snapshots.append)
     first = first_active(snapshots, "gpu_shared", started, ended)
     assert first is not None and first.timestamp - started <= 30, first and first.timestamp - started
     texts = [e.text for e in verdict(first, "gpu_shared").evidence]
-    assert any(f"pid {pid} computes on GPU 0 beside vLLM and holds 1.0 GiB" in t for t in texts), texts
-    if share is not None:
-        assert any(f"its kernels ran {share} of the GPU's time" in t for t in texts), texts
-        assert any(t.startswith("vLLM's processes ran ") for t in texts), texts
+    assert any("pid 1259 computes on GPU 0 beside vLLM and holds 1.0 GiB" in t for t in texts), texts
+    assert any("its kernels ran 46% of the GPU's time" in t for t in texts), texts
+    assert any(t.startswith("vLLM's processes ran ") for t in texts), texts
     assert first.primary == "gpu_shared"
     assert all(verdict(s, "gpu_shared").active for s in snapshots if first.timestamp <= s.timestamp <= ended)
     assert not [s.timestamp for s in snapshots if (s.timestamp < started or s.timestamp > ended + 30) and verdict(s, "gpu_shared").active]
 
 
+def test_a_program_holding_a_context_on_vllms_gpu_is_not_said_to_compute_where_nvml_cannot_tell():
+    """The foreign capture was recorded before the source read NVML's per-process samples: NVML listed the program (pid
+    1214) for 90 s, nothing said whether it ran kernels. gpu_shared is never active; while it is listed the verdict is
+    unknown and says who holds the GPU and that whether it computes is not known (a context alone takes no SM time)."""
+    marks = marks_of("foreign")
+    snapshots = replayed("foreign", load(env={}))
+    assert not [s.timestamp for s in snapshots if verdict(s, "gpu_shared").active]
+    listed = [s for s in snapshots if marks["foreign_started"] + 20 <= s.timestamp <= marks["foreign_ended"]]
+    assert listed and all(verdict(s, "gpu_shared").state == "unknown" for s in listed)
+    texts = [e.text for e in verdict(listed[-1], "gpu_shared").evidence]
+    assert any("pid 1214 holds a compute context on GPU 0 beside vLLM (1.0 GiB of its memory)" in t and "not known" in t for t in texts), texts
+
+
 def test_no_other_capture_has_another_program_on_vllms_gpu():
-    for name in ("serving", "kv_thrash", "contention", "hung_kernel", "orphan", "compute_limit", "token_budget", "rollout", "killed"):
+    """Among them api_server_bound and seqs_cap, where the recording harness itself held a CUDA context (pid 694, 0.6 GiB)
+    and ran no kernel beside vLLM: NVML listed it, nothing says it computed."""
+    others = ("serving", "kv_thrash", "contention", "hung_kernel", "orphan", "compute_limit", "token_budget", "rollout", "killed")
+    for name in (*others, "api_server_bound", "seqs_cap"):
         assert not [s.timestamp for s in replayed(name, load(env={})) if verdict(s, "gpu_shared").active], name
 
 

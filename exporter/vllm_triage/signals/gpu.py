@@ -333,14 +333,21 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
     *_gpu_stats(
         "gpu_foreign_compute_processes",
         "foreign_compute_processes",
-        "Processes other than vLLM's computing on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)",
+        "Processes other than vLLM's holding a compute context on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)",
         ("max",),
     ),
     SignalDef(
         "gpu_foreign_compute_processes_recent_max",
         "foreign_compute_processes",
-        "Processes other than vLLM's computing on the GPU, most over the window's last 10 s (who shares it now).",
+        "Processes other than vLLM's holding a compute context on the GPU, most over the window's last 10 s (who shares it now).",
         _recent_max("gpu_foreign_compute_processes"),
+        (("stat", "recent_max"),),
+    ),
+    SignalDef(
+        "gpu_foreign_sm_ratio_recent_max",
+        "foreign_sm_ratio",
+        "Share of the GPU's time other programs' kernels ran, most over the window's last 10 s (NVML's per-process samples; absent where the GPU keeps none).",
+        _recent_max("gpu_foreign_sm_ratio"),
         (("stat", "recent_max"),),
     ),
     SignalDef(

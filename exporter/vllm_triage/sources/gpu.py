@@ -304,8 +304,12 @@ class GpuSource:
             theirs = {p["pid"] for p in held if not self._in_vllms_tree(p["pid"], ours)}
             meta["foreign_pids"] = sorted(theirs)
             for device in self._devices or []:
-                foreign = sum(1 for p in held if p["gpu"] == device.index and p["pid"] in theirs)
-                samples[("gpu_foreign_compute_processes", make_labels({"gpu": str(device.index), "uuid": device.uuid}))] = float(foreign)
+                labels = make_labels({"gpu": str(device.index), "uuid": device.uuid})
+                on_it = [p for p in held if p["gpu"] == device.index]
+                foreign = [p for p in on_it if p["pid"] in theirs]
+                samples[("gpu_foreign_compute_processes", labels)] = float(len(foreign))
+                if all("sm_ratio" in p for p in on_it):  # NVML samples per process here: what the others' kernels took
+                    samples[("gpu_foreign_sm_ratio", labels)] = min(1.0, sum(p.get("sm_ratio", 0.0) for p in foreign))
         reading = Reading(
             GPU_SOURCE,
             timestamp,
@@ -319,16 +323,21 @@ class GpuSource:
         self._log_state(reading)
         return reading
 
-    def _sm_shares(self, device: _Device) -> dict[int, float]:
-        """pid -> its mean share of the GPU's SM time over NVML's utilisation samples since the last call (empty where
-        NVML keeps none: no process ran a kernel since, or the GPU does not sample per process)."""
+    def _sm_shares(self, device: _Device) -> dict[int, float] | None:
+        """pid -> its mean share of the GPU's SM time over NVML's utilisation samples since the last call (a pid with no
+        sample ran no kernel: a context held open computes nothing); None where NVML gives no per-process samples here
+        (an old driver, a GPU that does not keep them)."""
         read = getattr(self._nvml, "nvmlDeviceGetProcessUtilization", None)
         if read is None:
-            return {}
+            return None
         try:
-            samples = self._field("process_utilization", partial(read, device.handle, device.process_samples_seen)) or []
-        except self._nvml.NVMLError:  # NOT_FOUND: no sample since the last call
+            samples = self._field("process_utilization", partial(read, device.handle, device.process_samples_seen))
+        except self._nvml.NVMLError_NotFound:  # no process ran a kernel since the last call
             return {}
+        except self._nvml.NVMLError:
+            return None
+        if samples is None:  # not supported
+            return None
         by_pid: dict[int, list[float]] = {}
         for sample in samples:
             device.process_samples_seen = max(device.process_samples_seen, int(sample.timeStamp))
@@ -363,8 +372,8 @@ class GpuSource:
             for process in running[:MAX_COMPUTE_PROCESSES]:
                 used = getattr(process, "usedGpuMemory", None)
                 entry = ComputeProcess(gpu=device.index, pid=int(process.pid), used_bytes=float(used) if isinstance(used, int) else None)
-                if (share := shares.get(int(process.pid))) is not None:
-                    entry["sm_ratio"] = share
+                if shares is not None:
+                    entry["sm_ratio"] = shares.get(int(process.pid), 0.0)
                 listed.append(entry)
         self._processes, self._processes_at = listed, self.clock()
         self._lineage = {}

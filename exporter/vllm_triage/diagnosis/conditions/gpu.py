@@ -373,7 +373,22 @@ def _gpu_shared(j: Judge) -> Term:
         # The GPUs are read, but NVML's pids are not the ones the sidecar sees (another PID namespace: the host's), or it
         # sees no vLLM process: another program cannot be told from vLLM's. Said, not left unknown at every tick.
         return j.fact(False, "NVML's compute processes cannot be matched to vLLM's (no process view, or NVML lists the host's pids)")
-    term = j.compare("gpu_foreign_compute_processes_recent_max", ">=", "foreign_processes_min", "other programs computing on vLLM's GPU (NVML, the last 10 s)")
+    listed = j.compare(
+        "gpu_foreign_compute_processes_recent_max",
+        ">=",
+        "foreign_processes_min",
+        "other programs holding a compute context on vLLM's GPU (NVML, the last 10 s)",
+    )
+    if not listed.holds:
+        return listed
+    # A context alone takes no SM time (a notebook left open, a driver script that loaded a model once): only kernels do.
+    # Where NVML keeps no per-process samples, whether the other program computes is unknown, and said so.
+    term = all_of(
+        listed,
+        j.compare(
+            "gpu_foreign_sm_ratio_recent_max", ">=", "foreign_sm_ratio_min", "the GPU's time their kernels ran (NVML's per-process samples, the last 10 s)"
+        ),
+    )
     if term.holds:
         activity = j.signals.get("gpu_sm_activity_ratio")
         if activity is not None:
@@ -393,8 +408,8 @@ GPU_SHARED = Condition(
     severity="warning",
     summary="Another program computes on vLLM's GPU",
     meaning=(
-        "NVML lists a process holding a compute context on a GPU vLLM runs on that is neither one of vLLM's processes nor a "
-        "child of one. Its kernels share the SMs (time-sliced, or MPS) and its memory is not vLLM's: vLLM's steps, and so its "
+        "A process that is neither one of vLLM's processes nor a child of one runs kernels on a GPU vLLM runs on (NVML's "
+        "compute processes and per-process samples: a context held open takes memory, not SM time). Its kernels share the SMs (time-sliced, or MPS) and its memory is not vLLM's: vLLM's steps, and so its "
         "inter-token latency and throughput, slow down while it runs, and a restarted vLLM may not fit."
     ),
     next_actions=(
@@ -404,8 +419,11 @@ GPU_SHARED = Condition(
         "and expect its latency to follow the other program's load.",
     ),
     predicate=_gpu_shared,
-    reads=("gpu_foreign_compute_processes_recent_max", "gpu_sm_activity_ratio", "gpu_sm_activity_from_gpm"),
-    thresholds=(Threshold("foreign_processes_min", 1.0, "at least this many other programs computing on the GPU in the last 10 s"),),
+    reads=("gpu_foreign_compute_processes_recent_max", "gpu_foreign_sm_ratio_recent_max", "gpu_sm_activity_ratio", "gpu_sm_activity_from_gpm"),
+    thresholds=(
+        Threshold("foreign_processes_min", 1.0, "at least this many other programs holding a compute context on the GPU in the last 10 s"),
+        Threshold("foreign_sm_ratio_min", 0.05, "... whose kernels ran at least this share of the GPU's time in the last 10 s", 0.0, 1.0),
+    ),
     for_seconds=10,
     clear_seconds=30,
     sources=(GPU_SOURCE, PROCESS_SOURCE),
