@@ -409,7 +409,8 @@ GPU_SHARED = Condition(
     summary="Another program computes on vLLM's GPU",
     meaning=(
         "A process that is neither one of vLLM's processes nor a child of one runs kernels on a GPU vLLM runs on (NVML's "
-        "compute processes and per-process samples: a context held open takes memory, not SM time). Its kernels share the SMs (time-sliced, or MPS) and its memory is not vLLM's: vLLM's steps, and so its "
+        "compute processes and per-process samples: a context held open takes memory, not SM time). Its kernels share "
+        "the SMs (time-sliced, or MPS) and its memory is not vLLM's: vLLM's steps, and so its "
         "inter-token latency and throughput, slow down while it runs, and a restarted vLLM may not fit."
     ),
     next_actions=(
