@@ -153,6 +153,9 @@ KV_CACHE_SATURATED = Condition(
             "or, whatever the usage gauge reads: preemptions per second at or above this while requests wait (vLLM preempts only when no block is free)",
         ),
     ),
+    # The thrash path holds within seconds of the first preemptions and the sampled one needs most of the window full:
+    # 30 s on top is 32-34 s from onset on the H200 captures, and the shorter `for` adds no verdict to any capture.
+    for_seconds=30,
 )
 
 
@@ -189,6 +192,7 @@ PREEMPTION_STORM = Condition(
         Threshold("preemptions_per_second_max", 1.0, "preemptions per second above this"),
         Threshold("preemptions_per_finished_request_max", 0.05, "preemptions per finished request above this"),
     ),
+    for_seconds=30,  # as kv_cache_saturated: the rate is over the window already
     clear_seconds=120,
 )
 

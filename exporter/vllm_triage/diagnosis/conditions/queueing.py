@@ -268,8 +268,9 @@ QUEUE_BACKLOG = Condition(
     ),
     causes=("kv_capacity", "gpu_compute", "concurrency_cap", "token_budget", "gpu_bandwidth", "scheduler_bound", "api_server", "deferred", "unknown"),
     # The window share already asks for 36 s of queueing in the last minute; the `for` adds persistence on top, so
-    # a queue that never empties is reported 0.6 W + 30 s after it formed (the two together: 66 s of it).
-    for_seconds=30,
+    # a queue that never empties is reported 0.6 W + 20 s after it formed (56 s; 40-58 s on the H200 captures, where
+    # 30 s added no verdict that 20 s does not: bench.detection_latency).
+    for_seconds=20,
 )
 
 
