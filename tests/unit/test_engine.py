@@ -204,6 +204,18 @@ def test_a_gap_keeps_the_for_clock_of_a_pending_condition():
     assert v.state == "active", (v.state, v.raw)
 
 
+def test_a_verdict_whose_for_ends_while_vllm_fails_waits_for_a_scrape_that_succeeds():
+    """A vLLM killed while a verdict is pending: the readings from before the kill are stale evidence, and raising a
+    saturation 6 s into an outage would page on the past. The activation waits; a scrape that succeeds raises it."""
+    s = Scenario(engine({"kv_cache_saturated": {"for_seconds": 20}}))
+    s.run(14, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    snap = s.fail(10)  # the `for` ends inside the failures, under stale_after (15 s)
+    v = verdict(snap, "kv_cache_saturated")
+    assert v.raw and v.stale and v.state == "inactive", (v.raw, v.stale, v.state)
+    snap = s.run(2, running=60, waiting=10, kv=1.0, preempt_per_step=2)
+    assert verdict(snap, "kv_cache_saturated").state == "active"  # the for's clock was kept: it held for 26 s
+
+
 def test_an_outage_past_stale_after_makes_layer1_unknown_holds_active_verdicts_then_lets_go():
     s = Scenario(engine({"kv_cache_saturated": {"for_seconds": 0, "clear_seconds": 60}}))
     s.run(30, running=60, waiting=10, kv=1.0, preempt_per_step=2)

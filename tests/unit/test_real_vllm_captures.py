@@ -377,6 +377,9 @@ def test_vllm_killed_is_unreachable_within_35_s_and_held_while_nothing_answers()
     assert not [s.timestamp for s in snapshots if verdict(s, "engine_wedged").active]
     assert not [s.timestamp for s in snapshots if s.timestamp < marks["vllm_killed"] and active(s)]
     assert first.primary == "vllm_unreachable" and not first.vllm_starting
+    # gpu_starved had held on the 16 clients' readings for 42 s when the kill came: readings from before it are no ground
+    # for a new verdict once the scrapes fail (raised 4 s into the outage, it would page on the past).
+    assert not [(s.timestamp, active(s)) for s in snapshots if s.timestamp >= marks["vllm_killed"] and active(s) - {"vllm_unreachable"}]
 
 
 def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises_on_one_gpu():

@@ -24,7 +24,9 @@ class _Debounce:
     to clear. A source gap shorter than its stale_after never reaches here (the window's readings are
     judged). Inputs missing for longer make the state `unknown`: a pending activation starts over, but
     an active condition stays held (its alert does not flap) until it has been unknown for its
-    `clear_seconds`, like Prometheus' keep_firing_for; then it is unknown for good."""
+    `clear_seconds`, like Prometheus' keep_firing_for; then it is unknown for good. A verdict is not raised while a
+    source it reads is failing (its readings are stale): the activation waits for a scrape that succeeds, so a vLLM
+    killed mid-`for` is not reported by what held before it died."""
 
     judged: str = "unknown"  # the last state the inputs decided
     state: str = "unknown"  # what is shown: `judged`, or unknown while the inputs are missing
@@ -39,7 +41,7 @@ class _Debounce:
         """Unknown now, last judged active, and not unknown for longer than clear_for yet."""
         return self.state == "unknown" and self.judged == "active"
 
-    def step(self, raw: bool | None, now: float, settings: ConditionSettings) -> None:
+    def step(self, raw: bool | None, now: float, settings: ConditionSettings, stale: bool = False) -> None:
         if raw is None:
             self.unknown_since = self.unknown_since if self.unknown_since is not None else now
             self.pending_since = None
@@ -61,7 +63,7 @@ class _Debounce:
                     self.clearing_since = None
         elif raw:
             self.pending_since = self.pending_since if self.pending_since is not None else now
-            if now - self.pending_since >= settings.for_seconds:
+            if now - self.pending_since >= settings.for_seconds and not stale:
                 self.judged = "active"
                 self.pending_since = None
             else:
@@ -161,14 +163,14 @@ class Engine:
             settings = self.settings[condition.id]
             outcome = outcomes[condition.id]
             debounce = self._debounce[condition.id]
-            debounce.step(outcome.raw, now, settings)
+            stale = tuple(self._stale_note(health[name], now) for name in condition.sources if name in health and health[name].up is False and fresh[name])
+            debounce.step(outcome.raw, now, settings, stale=bool(stale))
             if outcome.contradicted and debounce.judged == "active":
                 debounce.clear_now(now)
             if outcome.cause is not None:
                 debounce.cause = outcome.cause
             elif debounce.judged != "active":
                 debounce.cause = None
-            stale = tuple(self._stale_note(health[name], now) for name in condition.sources if name in health and health[name].up is False and fresh[name])
             verdicts.append(
                 Verdict(
                     condition=condition.id,
