@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import shutil
 import tarfile
 import tempfile
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from .capture import CaptureWriter
 from .config import redact_url
-from .model import Reading, Snapshot, diagnosis_json
+from .model import VLLM_SOURCE, Reading, Snapshot, diagnosis_json
+from .signals.window import HistogramDelta, WindowView
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,8 @@ README = """An incident bundle of vllm-triage, written when {condition} became a
   vLLM (version, flags, processes, GPUs, the rank map).
 - verdicts.json: the verdict trail before it, one entry per tick: the primary verdict and the active ones.
 - stacks.json: the Python stacks py-spy took of the process the verdict names (engine_wedged), where it stands.
+- load.json: the load vLLM was under over those readings, per engine: requests arriving and finishing per second,
+  running and waiting, and the prompt and output lengths (vLLM's histograms: counts per bucket, mean, p50, p95).
 """
 
 
@@ -63,6 +68,7 @@ def write_bundle(
     ]
     (partial / "verdicts.json").write_text(json.dumps(verdicts, indent=1))
     (partial / "stacks.json").write_text(json.dumps(list(stack_dumps), indent=1, default=str))
+    (partial / "load.json").write_text(json.dumps(load_shape(readings), indent=1))
     used = sum(f.stat().st_size for f in partial.iterdir())
     kept = list(readings)
     while True:
@@ -77,6 +83,47 @@ def write_bundle(
     partial.rename(folder)
     _prune(directory)
     return folder
+
+
+def load_shape(readings: Sequence[Reading]) -> dict[str, object]:
+    """The load's shape over the readings' vLLM scrapes, per engine, through the window maths the verdicts use (counter
+    resets across a restart count nothing). vLLM counts no arrivals: arriving is finishing plus the growth of running
+    and waiting. Lengths come from vLLM's request_prompt_tokens and request_generation_tokens histograms."""
+    store = Store(horizon_seconds=math.inf, max_frames=len(readings) + 1)
+    for reading in sorted((r for r in readings if r.source == VLLM_SOURCE), key=lambda r: r.timestamp):
+        store.add(reading)
+    view = WindowView(store.window(VLLM_SOURCE, -math.inf, math.inf))
+    engines: dict[str, object] = {}
+    for scope in view.scopes() if view.span_seconds > 0 else ():
+        running, waiting = view.gauge_points("vllm:num_requests_running", scope), view.gauge_points("vllm:num_requests_waiting", scope)
+        finished = view.increase("vllm:request_success_total", scope)
+        pending = [r + w for r, w in zip(running, waiting, strict=False)]
+        arrived = None if finished is None or not pending else finished + pending[-1] - pending[0]
+        engines[scope] = {
+            "requests_arriving_per_second": None if arrived is None else round(max(arrived, 0.0) / view.span_seconds, 3),
+            "requests_finishing_per_second": None if finished is None else round(finished / view.span_seconds, 3),
+            "requests_running": _spread(running),
+            "requests_waiting": _spread(waiting),
+            "prompt_tokens": _lengths(view.histogram("vllm:request_prompt_tokens", scope)),
+            "output_tokens": _lengths(view.histogram("vllm:request_generation_tokens", scope)),
+        }
+    return {"seconds": round(view.span_seconds, 1), "scrapes": len(view.frames), "engines": engines}
+
+
+def _spread(points: list[float]) -> dict[str, float] | None:
+    return {"mean": round(sum(points) / len(points), 2), "max": max(points)} if points else None
+
+
+def _lengths(delta: HistogramDelta | None) -> dict[str, object] | None:
+    """Requests finished in the span by length: each bucket's count (not cumulative; `le` as Prometheus writes it)."""
+    if delta is None or delta.count <= 0:
+        return None
+    buckets, below = {}, 0.0
+    for bound, cumulative in sorted(delta.buckets):
+        buckets["+Inf" if math.isinf(bound) else f"{bound:g}"] = round(cumulative - below)
+        below = cumulative
+    quantiles = {f"p{round(q * 100)}": None if (v := delta.quantile(q)) is None else round(v, 1) for q in (0.5, 0.95)}
+    return {"requests": round(delta.count), "mean": round(delta.mean() or 0.0, 1), **quantiles, "buckets": buckets}
 
 
 def _write_capture(path: Path, readings: Sequence[Reading], condition: str, target: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -89,6 +89,7 @@ class _SourceState:
         self.frames: deque[Frame] = deque()
         self.timestamps: deque[float] = deque()
         self.latest: Reading | None = None
+        self.failed: deque[Reading] = deque()  # the horizon's failed readings, without their samples: evidence for a bundle
         self.last_success: float | None = None
         self.failing_since: float | None = None  # start of the current run of failed readings
         self.last_error: str | None = None
@@ -127,12 +128,15 @@ class Store:
             state.last_success = reading.timestamp
             state.frames.append(frame)
             state.timestamps.append(reading.timestamp)
-        elif state.failing_since is None:
-            state.failing_since = reading.timestamp
+        else:
+            state.failing_since = reading.timestamp if state.failing_since is None else state.failing_since
+            state.failed.append(replace(reading, samples={}) if reading.samples else reading)
         cutoff = reading.timestamp - self.horizons.get(reading.source, self.horizon_seconds)
         while state.frames and (state.timestamps[0] < cutoff or len(state.frames) > self.max_frames):
             state.frames.popleft()
             state.timestamps.popleft()
+        while state.failed and (state.failed[0].timestamp < cutoff or len(state.failed) > self.max_frames):
+            state.failed.popleft()
 
     def sources(self) -> list[str]:
         return sorted(self._sources)
@@ -155,8 +159,9 @@ class Store:
         return state.failing_since if state else None
 
     def readings(self, names: frozenset[str] | None = None) -> list[Reading]:
-        """Every source's kept ok readings again (only the samples named in `names`, when given), oldest first: what the
-        in-memory window holds (the live incident page)."""
+        """Every source's kept readings again (only the samples named in `names`, when given), oldest first: what the
+        in-memory window holds (the live incident page, the incident bundle), its failed scrapes included: a replay of
+        them sees the outage the sidecar saw."""
         found = [
             Reading(
                 state.name,
@@ -168,6 +173,7 @@ class Store:
             for state in self._sources.values()
             for frame in state.frames
         ]
+        found += (reading for state in self._sources.values() for reading in state.failed)
         return sorted(found, key=lambda r: r.timestamp)
 
     def window(self, source: str, start: float, end: float) -> list[Frame]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from hashlib import sha256
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def test_a_hung_kernel_s_bundle_replays_to_the_same_verdict_and_holds_no_credent
 
     pipeline.replay(readings, on_tick)
     folder = written[0]
-    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "stacks.json", "verdicts.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "load.json", "stacks.json", "verdicts.json"]
     assert sum(p.stat().st_size for p in folder.iterdir()) <= bundle.MAX_BUNDLE_BYTES
     assert '"primary": "engine_wedged"' in (folder / "diagnosis.json").read_text()
     again: list = []
@@ -62,3 +63,31 @@ def test_a_bundle_keeps_the_newest_readings_within_its_bound_and_the_newest_bund
         bundle.write_bundle(tmp_path, "engine_wedged", Pipeline(load(env={})).evaluate(2_000.0 + moment), [], noisy[-2:], "http://vllm:8000")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 3 and all("engine_wedged" in n for n in names)  # the oldest three went, the first one with them
+
+
+def test_a_killed_vllm_s_bundle_holds_its_failed_scrapes_and_the_load_it_was_under(tmp_path):
+    """Written when vllm_unreachable rose on the H200's killed capture (16 clients, then every vLLM process SIGKILLed):
+    the scrapes that failed after the kill are in its capture, so a replay of it reaches vllm_unreachable again, and
+    load.json says what vLLM served before: about 16 requests running, none waiting, their prompt and output lengths."""
+    readings = list(read_readings(DATA / "real-vllm-h200-killed.jsonl.gz"))
+    config = load(env={})
+    pipeline = Pipeline(config, readings)
+    written: list[Path] = []
+
+    def on_tick(snapshot) -> None:
+        if not written and next(v for v in snapshot.verdicts if v.condition == "vllm_unreachable").active:
+            written.append(bundle.write_bundle(tmp_path, "vllm_unreachable", snapshot, [], pipeline.store.readings(), "http://vllm:8000"))
+
+    pipeline.replay(readings, on_tick)
+    folder = written[0]
+    kept = list(read_readings(folder / "capture.jsonl.gz"))
+    assert [r for r in kept if r.source == "vllm" and not r.ok], "the failed scrapes after the kill"
+    again: list = []
+    replay(kept, config, again.append)
+    assert next(v for v in again[-1].verdicts if v.condition == "vllm_unreachable").active
+    shape = json.loads((folder / "load.json").read_text())
+    (engine,) = shape["engines"].values()
+    assert 12 <= engine["requests_running"]["max"] <= 16 and engine["requests_waiting"]["max"] == 0, engine
+    assert engine["requests_finishing_per_second"] > 0 and engine["requests_arriving_per_second"] > 0
+    assert engine["prompt_tokens"]["requests"] == sum(engine["prompt_tokens"]["buckets"].values()) > 0
+    assert 0 < engine["prompt_tokens"]["p50"] <= engine["prompt_tokens"]["p95"] and engine["output_tokens"]["mean"] > 0
