@@ -37,7 +37,8 @@ def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, st
     start = readings[0].timestamp
     phases = []
     offset = 0.0
-    for name, seconds, *_ in read_description(path)["phases"]:
+    # A capture recorded without phases in its header (the earliest ones keep them beside it) is one phase.
+    for name, seconds, *_ in read_description(path).get("phases") or [("capture", readings[-1].timestamp - start)]:
         phases.append((name, offset, offset + seconds))
         offset += seconds
     states: dict[str, str] = {}

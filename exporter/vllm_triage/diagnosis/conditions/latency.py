@@ -200,6 +200,8 @@ ITL_HIGH = Condition(
         *GPU_LIMIT_THRESHOLDS,
     ),
     causes=("prefill_chunks", "gpu_compute", "gpu_bandwidth", "api_server", "frontend", "unknown"),
+    # As ttft_high: 48 s from onset on the H200's compute_limit capture (78 s at 60); its predicate holds in no other capture.
+    for_seconds=30,
 )
 
 
