@@ -158,19 +158,24 @@ class Engine:
             outcomes[condition.id] = self._judge(condition, settings, per_scope, inputs.global_signals, health, fresh, inputs.notes)
         _suppress(outcomes)
 
-        verdicts = []
+        stale: dict[str, tuple[str, ...]] = {}
         for condition in self.conditions:
-            settings = self.settings[condition.id]
-            outcome = outcomes[condition.id]
-            debounce = self._debounce[condition.id]
-            stale = tuple(self._stale_note(health[name], now) for name in condition.sources if name in health and health[name].up is False and fresh[name])
-            debounce.step(outcome.raw, now, settings, stale=bool(stale))
+            outcome, debounce = outcomes[condition.id], self._debounce[condition.id]
+            stale[condition.id] = tuple(
+                self._stale_note(health[name], now) for name in condition.sources if name in health and health[name].up is False and fresh[name]
+            )
+            debounce.step(outcome.raw, now, self.settings[condition.id], stale=bool(stale[condition.id]))
             if outcome.contradicted and debounce.judged == "active":
                 debounce.clear_now(now)
             if outcome.cause is not None:
                 debounce.cause = outcome.cause
             elif debounce.judged != "active":
                 debounce.cause = None
+        primary = _primary([(c, self._debounce[c.id]) for c in self.conditions])
+        verdicts = []
+        for condition in self.conditions:
+            outcome, debounce = outcomes[condition.id], self._debounce[condition.id]
+            active = debounce.state == "active" or debounce.held
             verdicts.append(
                 Verdict(
                     condition=condition.id,
@@ -188,14 +193,13 @@ class Engine:
                     causes=condition.causes,
                     scopes=tuple(outcome.scopes),
                     held=debounce.held,
-                    stale=stale,
+                    stale=stale[condition.id],
                     suppressed_by=outcome.suppressed_by,
                     advice=tuple(outcome.advice),
+                    role=("primary" if condition.id == primary else "secondary") if active else "",
                 )
             )
-        verdicts = rank(verdicts)
         self.evaluations += 1
-        primary = next((v.condition for v in verdicts if v.role == "primary"), None)
         return Judgement(tuple(verdicts), primary, self._vllm_starting_seconds(inputs, outcomes.get("vllm_unreachable")), self.evaluations)
 
     def _vllm_starting_seconds(self, inputs: TickInputs, unreachable: _Outcome | None) -> float | None:
@@ -315,18 +319,8 @@ def _suppress(outcomes: dict[str, _Outcome]) -> None:
                 break
 
 
-def rank(verdicts: list[Verdict]) -> list[Verdict]:
-    """Mark the primary verdict (the first active one by precedence, for its observed cause: its fix comes first) and
-    the other active ones as secondary to it."""
-
-    def place(v: Verdict) -> float:
-        condition = CONDITIONS_BY_ID.get(v.condition)
-        if condition is None:
-            return float("inf")
-        return dict(condition.precedence_by_cause).get(v.cause or "", condition.precedence)
-
-    active = sorted((v for v in verdicts if v.active), key=place)
-    if not active:
-        return verdicts
-    primary = active[0].condition
-    return [dataclasses.replace(v, role="primary" if v.condition == primary else "secondary") if v.active else v for v in verdicts]
+def _primary(states: list[tuple[Condition, _Debounce]]) -> str | None:
+    """The primary verdict: the first active one by precedence, for its observed cause (its fix comes first); the other
+    active ones are secondary to it."""
+    active = [(dict(c.precedence_by_cause).get(d.cause or "", c.precedence), c.id) for c, d in states if d.state == "active" or d.held]
+    return min(active, key=lambda placed: placed[0])[1] if active else None
