@@ -6,6 +6,7 @@ source, scope and window (computed on first use, once per tick). The engine judg
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -36,6 +37,15 @@ GLOBAL_SIGNALS = (
     "vllm_tensor_parallel_size",
     "vllm_parallel_engines",
 )
+
+
+@dataclass(frozen=True)
+class DeriveSettings:
+    """What deriving needs of the config: a max_num_seqs set by hand (else vLLM's own, read from its processes or
+    metrics) and, per source, how long a failing source's readings stay evidence (15 s where unset)."""
+
+    max_num_seqs: int | None = None
+    stale_after: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,11 +148,12 @@ class Derived:
         return shown
 
 
-def derive(store: Store, now: float, configured_max_num_seqs: int | None, stale_after: dict[str, float]) -> Derived:
+def derive(store: Store, now: float, settings: DeriveSettings) -> Derived:
+    stale_after = settings.stale_after
     sources = tuple(store.health(name) for name in sorted({VLLM_SOURCE, *store.sources()}))
     health = {s.source: s for s in sources}
     fresh = {name: _fresh(h, now, stale_after.get(name, DEFAULT_STALE_AFTER_SECONDS)) for name, h in health.items()}
-    found = discover(store, configured_max_num_seqs)
+    found = discover(store, settings.max_num_seqs)
     ranks = found.ranks
     stopped, gone = _api_server_seen(store, found, fresh.get(PROCESS_SOURCE, False), now)
     global_signals = {

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import Config
-from .derive import derive
+from .derive import DeriveSettings, derive
 from .diagnosis.engine import Engine
 from .model import Reading, Snapshot
 from .registry import SOURCES
@@ -25,9 +25,8 @@ class Pipeline:
             sources, absent = tuple(config.sources), "turned off (the sources setting)"
         else:
             sources, absent = tuple(sorted({r.source for r in captured})), "not in the recorded readings (the capture, or Prometheus' history)"
-        self.engine = Engine(
-            config.conditions, config.window_seconds, config.max_num_seqs, sources=sources, absent_reason=absent, stale_after=config.stale_after()
-        )
+        self.engine = Engine(config.conditions, config.window_seconds, sources=sources, absent_reason=absent)
+        self.derive_settings = DeriveSettings(config.max_num_seqs, config.stale_after())
         # Keep a little more than the longest window so edge frames are always present; sources that
         # look further back (py-spy's windows come minutes apart) keep their lookback, only they (every
         # vLLM page for 3 minutes cost 3x the memory).
@@ -41,7 +40,7 @@ class Pipeline:
         self.store.add(reading)
 
     def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
-        return evaluate(self.engine, self.store, now, stuck, stack_dumps)
+        return evaluate(self.engine, self.store, now, stuck, stack_dumps, derive_settings=self.derive_settings)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -73,11 +72,19 @@ class Pipeline:
         return snapshot
 
 
-def evaluate(engine: Engine, store: Store, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
+def evaluate(
+    engine: Engine,
+    store: Store,
+    now: float,
+    stuck: tuple[tuple[str, str, str], ...] = (),
+    stack_dumps: tuple[dict[str, Any], ...] = (),
+    *,
+    derive_settings: DeriveSettings | None = None,
+) -> Snapshot:
     """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), hand the judge the
     values its conditions declare (and where stack dumps found vLLM's processes waiting: (role, place, frame)), and
     assemble the Snapshot (with the stack dumps taken for the active verdicts, shown in /diagnosis)."""
-    derived = derive(store, now, engine.configured_max_num_seqs, engine.stale_after)
+    derived = derive(store, now, derive_settings or DeriveSettings())
     judgement = engine.judge(derived.inputs(engine.wants(), stuck))
     return Snapshot(
         timestamp=now,

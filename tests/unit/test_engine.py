@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from vllm_triage.config import load
+from vllm_triage.derive import DeriveSettings
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import evaluate
@@ -14,14 +15,17 @@ from vllm_triage.store import Store
 
 from .pages import Counters, failed, page, reading
 
+# The sidecar's config sets max_num_seqs here: the synthetic pages carry no cache config to read it from.
+DERIVE = DeriveSettings(max_num_seqs=64)
 
-def engine(overrides: dict | None = None, window: float = 20.0, max_num_seqs: int | None = 64) -> Engine:
+
+def engine(overrides: dict | None = None, window: float = 20.0) -> Engine:
     config = load(env={})
     settings = {cid: dataclasses.replace(s, window_seconds=window) for cid, s in config.conditions.items()}
     for cid, values in (overrides or {}).items():
         thresholds = {**settings[cid].thresholds, **values.pop("thresholds", {})}
         settings[cid] = dataclasses.replace(settings[cid], thresholds=thresholds, **values)
-    return Engine(settings, window, max_num_seqs)
+    return Engine(settings, window)
 
 
 def verdict(snapshot: Snapshot, condition: str):
@@ -51,7 +55,7 @@ class Scenario:
             self.c.errors += errors_per_step
             self.c.ttft += [ttft] * int(finish_per_step)
             self.store.add(reading(self.t, page(running, waiting, kv, self.c)))
-            snapshot = evaluate(self.engine, self.store, self.t)
+            snapshot = evaluate(self.engine, self.store, self.t, derive_settings=DERIVE)
         return snapshot
 
     def fail(self, seconds: float):
@@ -59,13 +63,13 @@ class Scenario:
         for _ in range(int(seconds / self.step)):
             self.t += self.step
             self.store.add(failed(self.t))
-            snapshot = evaluate(self.engine, self.store, self.t)
+            snapshot = evaluate(self.engine, self.store, self.t, derive_settings=DERIVE)
         return snapshot
 
 
 def test_before_any_scrape_everything_is_unknown():
     eng = engine()
-    snap = evaluate(eng, Store(60), 0.0)
+    snap = evaluate(eng, Store(60), 0.0, derive_settings=DERIVE)
     assert {v.state for v in snap.verdicts} == {"unknown"}
     assert "source vllm has no reading yet" in verdict(snap, "kv_cache_saturated").missing
 
@@ -421,7 +425,7 @@ def test_a_hung_engine_takes_its_cause_from_where_its_stack_dump_finds_it():
             labels = make_labels({"role": "engine_core", "index": "0"})
             cpu = 0.5 * t if producing else 30.0  # no CPU since the hang: blocked
             store.add(Reading(PROCESS_SOURCE, t + 0.5, True, {("process_cpu_seconds_total", labels): cpu, ("process_stopped", labels): 0.0}))
-            snapshot = evaluate(eng, store, t + 0.6, stuck if t >= 90 else ())
+            snapshot = evaluate(eng, store, t + 0.6, stuck if t >= 90 else (), derive_settings=DERIVE)
         assert snapshot is not None
         return verdict(snapshot, "engine_wedged")
 
@@ -478,7 +482,7 @@ def backlog_cause(deferred: float | None) -> str | None:
         c.finished += 1
         c.generation_tokens += 64
         store.add(reading(float(t), page(8, 6, 0.99, c, deferred=deferred)))
-        snapshot = evaluate(eng, store, float(t))
+        snapshot = evaluate(eng, store, float(t), derive_settings=DERIVE)
     assert snapshot is not None
     v = verdict(snapshot, "queue_backlog")
     assert v.state == "active"
@@ -506,7 +510,7 @@ def spec_decode_run(accepted_per_draft: float, drafts_per_second: float = 20.0):
             f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted_per_draft * drafts}\n"
         )
         store.add(reading(float(t), text))
-        snapshot = evaluate(eng, store, float(t))
+        snapshot = evaluate(eng, store, float(t), derive_settings=DERIVE)
     assert snapshot is not None
     return verdict(snapshot, "spec_decode_ineffective"), snapshot.signals["m/0"]
 
@@ -531,7 +535,7 @@ def test_high_itl_from_prefill_chunks_advises_a_max_num_batched_tokens_within_th
         c.prefill += [0.5] * 4
         c.prompt_lengths += [2000.0] * 4
         store.add(reading(float(t), page(8, 0, 0.5, c)))
-        snapshot = evaluate(eng, store, float(t))
+        snapshot = evaluate(eng, store, float(t), derive_settings=DERIVE)
     assert snapshot is not None
     v, values = verdict(snapshot, "itl_high"), snapshot.signals["m/0"]
     assert v.state == "active", [e.text for e in v.evidence]
@@ -567,7 +571,7 @@ def never_answering(eng: Engine, seconds: float, server_at=lambda t: None, exits
     for t in range(2, int(seconds) + 1, 2):
         store.add(failed(float(t)))
         store.add(host(float(t), server_at(t), exits_at(t), view, ignored))
-        snapshots.append(evaluate(eng, store, t + 0.6))
+        snapshots.append(evaluate(eng, store, t + 0.6, derive_settings=DERIVE))
     return snapshots
 
 
@@ -636,7 +640,7 @@ def test_a_stopped_engine_core_that_runs_again_with_its_clients_gone_is_no_longe
             store.add(reading(float(t), page(running, 0, 0.3, c)))
             stop = {("process_stopped", make_labels({"role": "engine_core", "index": "0"})): 1.0 if stopped else 0.0}
             store.add(Reading(PROCESS_SOURCE, float(t) + 0.5, True, stop))
-            snapshots.append(evaluate(eng, store, float(t) + 0.6))
+            snapshots.append(evaluate(eng, store, float(t) + 0.6, derive_settings=DERIVE))
         return snapshots
 
     for still_frozen in (False, True):

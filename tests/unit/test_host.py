@@ -10,6 +10,7 @@ import sys
 import time
 
 from vllm_triage.config import load
+from vllm_triage.derive import DeriveSettings
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
 from vllm_triage.pipeline import evaluate
@@ -66,7 +67,7 @@ def process_reading(t: float, engine_core_thread: float, cpu_seconds: float, wai
 def starved_run(core_thread: float, gpu_util: float, sm: float, running: float = 8, waited: float | None = None, api_server_thread: float = 0.2):
     config = load(env={})
     settings = {cid: dataclasses.replace(s, window_seconds=20, for_seconds=0, clear_seconds=0) for cid, s in config.conditions.items()}
-    engine = Engine(settings, 20, max_num_seqs=64)
+    engine = Engine(settings, 20)
     store = Store(120)
     c = Counters()
     snapshot = None
@@ -76,7 +77,7 @@ def starved_run(core_thread: float, gpu_util: float, sm: float, running: float =
         store.add(reading(float(t), page(running, 0, 0.3, c)))
         store.add(gpu_reading(float(t), util=gpu_util, sm=sm))
         store.add(process_reading(float(t), core_thread, cpu_seconds=t * core_thread, waited=waited, api_server_thread=api_server_thread))
-        snapshot = evaluate(engine, store, float(t))
+        snapshot = evaluate(engine, store, float(t), derive_settings=DeriveSettings(max_num_seqs=64))
     assert snapshot is not None
     return snapshot, {v.condition: v for v in snapshot.verdicts}
 

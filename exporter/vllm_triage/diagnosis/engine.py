@@ -113,21 +113,17 @@ class Engine:
         self,
         settings: dict[str, ConditionSettings],
         window_seconds: float,
-        max_num_seqs: int | None = None,
         conditions: tuple[Condition, ...] = CONDITIONS,
         sources: tuple[str, ...] | None = None,
         absent_reason: str = "turned off (the sources setting)",
-        stale_after: dict[str, float] | None = None,
     ) -> None:
         self.conditions = tuple(c for c in conditions if settings[c.id].enabled)
         self.sources = sources  # the sources the sidecar runs (or a capture holds); None: all
         self.absent_reason = absent_reason
         self.settings = settings
         self.window_seconds = window_seconds
-        self.configured_max_num_seqs = max_num_seqs
         self._debounce = {c.id: _Debounce() for c in self.conditions}
         self.evaluations = 0
-        self.stale_after = dict(stale_after or {})  # source -> seconds a failing source's readings stay evidence
 
     def take_state(self, before: Engine) -> None:
         """Each condition's debounce state (active since when, pending, clearing) and the evaluation count from the
