@@ -61,6 +61,7 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.config import OPTIONS_BY_KEY
+from vllm_triage.model import ProcessTargets
 from vllm_triage.sources.gil import GilSource
 from vllm_triage.sources.process import role_of
 
@@ -193,7 +194,7 @@ async def gil_window(out: Path, pairs: int, modes: tuple[str, ...]) -> dict[str,
     try:
         await asyncio.sleep(20)  # warm-up: the batch fills, caches warm
         for role, pid in sorted(vllm_pids().items()):
-            sources = {mode: GilSource(lambda role=role, pid=pid: {role: pid}, window, rate, mode == "nonblocking") for mode in modes}
+            sources = {mode: GilSource(ProcessTargets([(role, pid)]), window, rate, mode == "nonblocking") for mode in modes}
             arms = ("off", *modes)
             tokens_per_second: dict[str, list[float]] = {arm: [] for arm in arms}
             held: dict[str, list[float]] = {mode: [] for mode in modes}

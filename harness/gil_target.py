@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from vllm_triage.model import Reading
+from vllm_triage.model import ProcessTargets, Reading
 from vllm_triage.sources.gil import GilSource
 
 # A thread that holds the GIL `duty` of each 20 ms (spinning in Python) and sleeps the rest (no GIL), next
@@ -76,7 +76,7 @@ def sample_known_duty(
     try:
         time.sleep(0.5 + idle / 200)  # its threads are started
         spun_before, elapsed_before = spun_and_elapsed()
-        source = GilSource(lambda: {"engine_core": target.pid}, window_seconds=3, rate=rate, nonblocking=nonblocking)
+        source = GilSource(ProcessTargets([("engine_core", target.pid)]), window_seconds=3, rate=rate, nonblocking=nonblocking)
         reading = asyncio.run(source.collect())
         spun_after, elapsed_after = spun_and_elapsed()
     finally:

@@ -23,7 +23,7 @@ from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readin
 from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load, redact_url
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .fleet import fleet_json, format_fleet, judge_fleet
-from .model import PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, diagnosis_json
+from .model import PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading, Snapshot, diagnosis_json
 from .pipeline import judge_at, replay
 from .registry import build_sources, start_sources
 from .report import SEVERITY_ORDER, format_report, format_transition
@@ -314,13 +314,16 @@ def _instant(config: Config, window_seconds: float) -> Config:
 async def observe(config: Config, seconds: float, writer: CaptureWriter | None = None) -> list[Reading]:
     """Run the configured sources for `seconds`, each on its own interval; return what they read."""
     readings: list[Reading] = []
+    targets = ProcessTargets()
 
     async def keep(reading: Reading) -> None:
         readings.append(reading)
+        if reading.source == PROCESS_SOURCE:
+            targets.update(reading)
         if writer is not None:
             writer.write(reading)
 
-    loops = build_sources(config, steady_wall_clock(), lambda: next((r for r in reversed(readings) if r.source == PROCESS_SOURCE), None))
+    loops = build_sources(config, steady_wall_clock(), targets)
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(seconds, stop.set)
     try:

@@ -28,7 +28,7 @@ from .cpu_account import CPU
 from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
-from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, Reading, Snapshot
+from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, ProcessTargets, Reading, Snapshot
 from .pipeline import Pipeline
 from .registry import SourceLoop, build_sources, every, start_sources
 from .server import PROBE_PATHS, CappedTCPSite, ProbeAnswer, make_app, probe_answer, serve
@@ -81,6 +81,7 @@ class Daemon:
             self.demo_capture = Path(config.demo_capture) if config.demo_capture else demo_capture_path()
             self.demo_readings = list(read_readings(self.demo_capture, config.max_series, config.max_engines))
         self.pipeline = Pipeline(config, self.demo_readings if config.demo else None)
+        self.targets = ProcessTargets()  # vLLM's processes as the process source last listed them
         self.exposition = Exposition(config.conditions, config.tick_seconds)
         self.snapshot: Snapshot | None = None
         self.evaluation_error: str | None = None  # the last tick's error, None when it succeeded
@@ -142,6 +143,8 @@ class Daemon:
     # --- pipeline ---
     def ingest(self, reading: Reading) -> None:
         self.pipeline.feed(reading)
+        if reading.source == PROCESS_SOURCE:
+            self.targets.update(reading)
 
     @property
     def engine_liveness_endpoint(self) -> bool:
@@ -325,7 +328,7 @@ class Daemon:
         if config.demo:
             tasks.append(asyncio.create_task(self._demo_loop()))
         else:
-            loops = build_sources(config, self.clock, lambda: self.pipeline.store.latest(PROCESS_SOURCE))
+            loops = build_sources(config, self.clock, self.targets)
             tasks.append(await start_sources(loops, self._ingest, self._stop))
         tasks.append(asyncio.create_task(every(config.tick_seconds / self.speed, "tick", self._tick, self._stop)))
         if self.watch is not None:
@@ -350,6 +353,8 @@ class Daemon:
         self._watched = before._watched  # the content this config came from: a newer change is still seen
         if not self.config.demo and not before.config.demo:
             self.pipeline.store.take_history(before.pipeline.store, self.config.sources)
+            if PROCESS_SOURCE in self.config.sources:
+                self.targets.processes = before.targets.processes
             # Verdicts go on where they stood: an active one stays active (its alert neither resolves nor pages again)
             # and is judged with the new settings from the next tick; its stack dump is not taken twice.
             self.pipeline.engine.take_state(before.pipeline.engine)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
@@ -239,6 +239,29 @@ class Reading:
             duration_seconds=self.duration_seconds,
             meta=self.meta,
         )
+
+
+class ProcessTargets:
+    """vLLM's processes, (role, pid) in the order the process source listed them: what the GIL and GPU sources sample.
+    The daemon sets them from each process reading it takes in; a source reads them when it collects (the tuple is
+    replaced whole, so a reader in another thread sees one listing or the next)."""
+
+    def __init__(self, processes: Iterable[tuple[str, int]] = ()) -> None:
+        self.processes: tuple[tuple[str, int], ...] = tuple(processes)
+
+    def update(self, reading: Reading) -> None:
+        """The processes of the process source's latest reading (none when it failed)."""
+        self.processes = tuple((p["role"], p["pid"]) for p in reading.process_meta().get("processes", []))
+
+    def pids(self) -> list[int]:
+        return [pid for _, pid in self.processes]
+
+    def first_by_role(self) -> dict[str, int]:
+        """The first process of each role: the one the GIL source samples."""
+        chosen: dict[str, int] = {}
+        for role, pid in self.processes:
+            chosen.setdefault(role, pid)
+        return chosen
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Literal
 
 from .config import Config
 from .cpu_account import CPU
-from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
 from .signals.vllm import VLLM_SAMPLES_READ, VLLM_SIGNALS
@@ -29,7 +29,6 @@ from .sources.vllm import VllmSource
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-LatestProcesses = Callable[[], Reading | None]  # the last process Reading: who vLLM's processes are
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class SourceLoop:
 @dataclass(frozen=True)
 class SourceSpec:
     name: str
-    build: Callable[[Config, Clock, LatestProcesses], SourceLoop]
+    build: Callable[[Config, Clock, ProcessTargets], SourceLoop]
     signals: tuple[SignalDef, ...]
     # "engine" and "gpu": computed per engine / GPU and for their aggregate; "host": once, over vLLM's
     # processes by role (the host scope holds every such table's signals)
@@ -91,20 +90,7 @@ async def _nothing() -> None:
     return None
 
 
-def _pids_by_role(latest: LatestProcesses) -> list[tuple[str, int]]:
-    reading = latest()
-    return [(p["role"], p["pid"]) for p in reading.process_meta().get("processes", [])] if reading is not None else []
-
-
-def first_pid_by_role(processes: list[tuple[str, int]]) -> dict[str, int]:
-    """The first process of each role (index 0): the one the GIL source samples."""
-    chosen: dict[str, int] = {}
-    for role, pid in processes:
-        chosen.setdefault(role, pid)
-    return chosen
-
-
-def _vllm(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
+def _vllm(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
     source = VllmSource(
         config.vllm_url,
         config.metrics_path,
@@ -120,22 +106,22 @@ def _vllm(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
     return SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, source.collect, source.close)
 
 
-def _process(config: Config, clock: Clock, _: LatestProcesses) -> SourceLoop:
+def _process(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
     source = ProcessSource(config.vllm_port, config.process_title_prefix, clock)  # psutil blocks: a worker thread
     return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, CPU.run, "process_collect", source.collect), _nothing)
 
 
-def _gil(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
-    source = GilSource(lambda: first_pid_by_role(_pids_by_role(latest)), config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
+def _gil(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
+    source = GilSource(targets, config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
     return SourceLoop(GIL_SOURCE, config.gil_interval_seconds, source.collect, source.close)
 
 
-def _gpu(config: Config, clock: Clock, latest: LatestProcesses) -> SourceLoop:
+def _gpu(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
     if config.gpu_source == "dcgm":
         assert config.dcgm_url is not None  # config.load requires it
         dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock, max_page_bytes=config.max_page_bytes)
         return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, dcgm.collect, dcgm.close)
-    source = GpuSource(config.gpus, lambda: [pid for _, pid in _pids_by_role(latest)], config.gpm, clock, gpus_file=config.gpus_file)
+    source = GpuSource(config.gpus, targets, config.gpm, clock, gpus_file=config.gpus_file)
 
     async def close() -> None:
         source.close()
@@ -153,6 +139,7 @@ SOURCES: tuple[SourceSpec, ...] = (
 SOURCES_BY_NAME = {s.name: s for s in SOURCES}
 
 
-def build_sources(config: Config, clock: Clock, latest_processes: LatestProcesses) -> list[SourceLoop]:
-    """The configured sources, in the table's order (the process source first: the others map its processes)."""
-    return [spec.build(config, clock, latest_processes) for spec in SOURCES if spec.name in config.sources]
+def build_sources(config: Config, clock: Clock, targets: ProcessTargets) -> list[SourceLoop]:
+    """The configured sources, in the table's order (the process source first: the GIL and GPU sources sample the
+    processes it lists, handed over in `targets`)."""
+    return [spec.build(config, clock, targets) for spec in SOURCES if spec.name in config.sources]

@@ -173,7 +173,7 @@ def test_bundle_fetches_a_running_sidecar_s_incident_bundle_that_replays(tmp_pat
         archive.extractall(tmp_path / "unpacked", filter="data")
     (folder,) = (tmp_path / "unpacked").iterdir()
     assert folder.name.endswith("-asked")
-    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "stacks.json", "verdicts.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "load.json", "stacks.json", "verdicts.json"]
     assert json.loads((folder / "diagnosis.json").read_text())["discovery"]["vllm_version"] == "0.26.0"
     assert list(read_readings(folder / "capture.jsonl.gz")) and main(["replay", str(folder / "capture.jsonl.gz")]) == 0
     assert main(["bundle", "--url", sidecar.url, "--timeout", "2"]) == 1

@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 import vllm_triage
+from vllm_triage.model import ProcessTargets
 from vllm_triage.sources.gil import GilSource, dump_stacks, find_py_spy, hot_functions, where_stuck
 
 from harness.gil_target import read_ratio, sample_known_duty
@@ -85,8 +86,8 @@ def gil_as_nobody(readable: tuple[str, str], target_pid: int, py_spy: str | None
     interpreter, directory = readable
     py_spy = py_spy or os.path.join(directory, "py-spy")
     code = (
-        "import asyncio, json; from vllm_triage.sources.gil import GilSource; "
-        f"r = asyncio.run(GilSource(lambda: {{'engine_core': {target_pid}}}, window_seconds=1, py_spy={py_spy!r}).collect()); "
+        "import asyncio, json; from vllm_triage.model import ProcessTargets; from vllm_triage.sources.gil import GilSource; "
+        f"r = asyncio.run(GilSource(ProcessTargets([('engine_core', {target_pid})]), window_seconds=1, py_spy={py_spy!r}).collect()); "
         "print(json.dumps({'ok': r.ok, 'reason': r.error_reason, 'error': r.error, 'samples': [[k[0], v] for k, v in r.samples.items()]}))"
     )
     env = {**os.environ, "PYTHONPATH": directory}
@@ -149,7 +150,7 @@ def test_container_without_sys_ptrace_gets_the_fix_not_a_crash(readable_by_nobod
 
 
 def test_without_py_spy_one_clear_message():
-    source = GilSource(lambda: {"engine_core": os.getpid()})
+    source = GilSource(ProcessTargets([("engine_core", os.getpid())]))
     source.py_spy = None  # as on a machine where the binary is missing
     reading = asyncio.run(source.collect())
     assert not reading.ok and reading.error_reason == "no_py_spy" and "pip install py-spy" in (reading.error or "")
@@ -158,7 +159,7 @@ def test_without_py_spy_one_clear_message():
 def test_a_target_that_exits_mid_window_is_reported_gone_not_as_a_py_spy_crash():
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
     time.sleep(0.3)
-    reading = asyncio.run(GilSource(lambda: {"engine_core": target.pid}, window_seconds=2).collect())
+    reading = asyncio.run(GilSource(ProcessTargets([("engine_core", target.pid)]), window_seconds=2).collect())
     target.wait()
     assert not reading.ok and reading.error_reason == "target_gone", reading.error
 
@@ -167,7 +168,7 @@ def test_a_process_titled_like_the_engine_core_that_is_not_python_is_named_so():
     target = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 30"])
     try:
         time.sleep(0.2)
-        reading = asyncio.run(GilSource(lambda: {"engine_core": target.pid}, window_seconds=1).collect())
+        reading = asyncio.run(GilSource(ProcessTargets([("engine_core", target.pid)]), window_seconds=1).collect())
     finally:
         target.kill()
     assert not reading.ok and reading.error_reason == "not_python", reading.error
@@ -183,7 +184,7 @@ def test_cancelling_a_window_kills_py_spy_at_once():
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     async def cancel_mid_window() -> list[int]:
-        task = asyncio.create_task(GilSource(lambda: {"engine_core": target.pid}, window_seconds=30).collect())
+        task = asyncio.create_task(GilSource(ProcessTargets([("engine_core", target.pid)]), window_seconds=30).collect())
         for _ in range(100):
             await asyncio.sleep(0.05)
             if py_spy_children():

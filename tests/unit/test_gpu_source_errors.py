@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from vllm_triage.model import ProcessTargets
 from vllm_triage.sources.gpu import GpuSource, parse_visible_devices
 
 
@@ -136,7 +137,7 @@ def test_a_program_started_by_vllm_is_vllms_and_another_is_foreign_on_real_proce
             return [SimpleNamespace(pid=other.pid, timeStamp=t, smUtil=sm) for t, sm in ((1_000, 40), (2_000, 50))]
 
         module.nvmlDeviceGetProcessUtilization = samples
-        source = GpuSource(vllm_pids=lambda: [vllm.pid])
+        source = GpuSource(targets=ProcessTargets([("engine_core", vllm.pid)]))
         reading = source.collect()
         assert series(reading, "gpu_foreign_compute_processes") == {"0": 1.0}
         assert reading.meta["foreign_pids"] == [other.pid]
@@ -149,7 +150,7 @@ def test_a_program_started_by_vllm_is_vllms_and_another_is_foreign_on_real_proce
         assert series(again, "gpu_foreign_sm_ratio") == {"0": 0.0}  # a context held open computes nothing
 
         module.nvmlDeviceGetProcessUtilization = lambda handle, since: (_ for _ in ()).throw(NotSupported("Not Supported"))
-        blind = GpuSource(vllm_pids=lambda: [vllm.pid])
+        blind = GpuSource(targets=ProcessTargets([("engine_core", vllm.pid)]))
         reading = blind.collect()  # no per-process samples on this GPU: who holds it is known, what it computes is not
         assert series(reading, "gpu_foreign_compute_processes") == {"0": 1.0} and "gpu_foreign_sm_ratio" not in {n for n, _ in reading.samples}
         assert all("sm_ratio" not in p for p in reading.meta["compute_processes"])
@@ -255,7 +256,7 @@ def test_selection_follows_the_vllm_process_cuda_visible_devices(nvml):
         deadline = time.time() + 5
         while psutil.Process(worker.pid).cmdline()[:1] != ["sleep"] and time.time() < deadline:
             time.sleep(0.01)  # until exec: the forked child still carries its parent's environment
-        reading = GpuSource(vllm_pids=lambda: [worker.pid]).collect()
+        reading = GpuSource(targets=ProcessTargets([("worker", worker.pid)])).collect()
     finally:
         worker.kill()
     assert set(series(reading, "gpu_utilization_ratio")) == {"1", "3"}

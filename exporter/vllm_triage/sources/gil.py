@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from ..model import GIL_SOURCE, Reading, SeriesKey, make_labels
+from ..model import GIL_SOURCE, ProcessTargets, Reading, SeriesKey, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ async def dump_stacks(pid: int, py_spy: str | None = None) -> dict[str, str]:
 class GilSource:
     def __init__(
         self,
-        pids_by_role: Callable[[], dict[str, int]],
+        targets: ProcessTargets,
         window_seconds: float = 5.0,
         rate: int = 20,
         nonblocking: bool = True,
@@ -149,7 +149,7 @@ class GilSource:
         clock: Callable[[], float] = time.time,
         py_spy: str | None = None,
     ) -> None:
-        self.pids_by_role = pids_by_role
+        self.targets = targets
         self.window_seconds = window_seconds
         self.rate = rate
         self.nonblocking = nonblocking
@@ -169,7 +169,7 @@ class GilSource:
         timestamp = self.clock()
         samples: dict[SeriesKey, float] = {}
         problems: list[tuple[str, str]] = []
-        targets = {role: pid for role, pid in self.pids_by_role().items() if role in ("engine_core", "api_server")}
+        targets = {role: pid for role, pid in self.targets.first_by_role().items() if role in ("engine_core", "api_server")}
         if self.py_spy is None:
             problems.append(("no_py_spy", "py-spy is not installed (pip install py-spy): GIL sampling is off"))
         elif not targets:

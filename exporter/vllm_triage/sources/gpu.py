@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from ..model import GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, Reading, SeriesKey, make_labels
+from ..model import GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, ProcessTargets, Reading, SeriesKey, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,14 @@ class GpuSource:
     def __init__(
         self,
         selection: Sequence[str] | None = None,
-        vllm_pids: Callable[[], list[int]] = list,
+        targets: ProcessTargets | None = None,
         use_gpm: bool = True,
         clock: Callable[[], float] = time.time,
         gpus_file: str | None = None,
     ) -> None:
         self.selection = selection
         self.gpus_file = gpus_file
-        self.vllm_pids = vllm_pids
+        self.targets = targets or ProcessTargets()  # none: no process of vLLM's is known
         self.use_gpm = use_gpm
         self.clock = clock
         self._nvml: Any = None
@@ -199,7 +199,7 @@ class GpuSource:
             chosen = pick(listed)
             if chosen:
                 return chosen, f"{self.gpus_file}, written by vLLM's container"
-        pids = self.vllm_pids()
+        pids = self.targets.pids()
         for variable in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
             for pid in pids:
                 try:
@@ -299,7 +299,7 @@ class GpuSource:
         if self._unsupported:
             meta["unsupported"] = sorted(self._unsupported)
         meta["compute_processes"] = held = self._compute_processes()
-        ours = set(self.vllm_pids())
+        ours = set(self.targets.pids())
         if ours & {p["pid"] for p in held}:  # NVML's pids are this namespace's: a pid that is not vLLM's is another program's
             theirs = {p["pid"] for p in held if not self._in_vllms_tree(p["pid"], ours)}
             meta["foreign_pids"] = sorted(theirs)
