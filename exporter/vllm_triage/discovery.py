@@ -17,12 +17,14 @@ from .model import (
     PROCESS_SOURCE,
     VLLM_SOURCE,
     ComputeProcess,
+    DiscoveryView,
     GpuEntry,
     GpuMeta,
     LostWorker,
     OrphanEntry,
     ProcessEntry,
     ProcessMeta,
+    RankEntry,
 )
 from .scope import gpu_scope
 from .signals.window import ServerFacts
@@ -93,7 +95,7 @@ class Discovery:
             (_bounded(self.api_server_args.get("api_server_count")) or 1) if self.processes else None,
         )
 
-    def _gpus_by(self, key: Callable[[dict[str, Any]], Any]) -> dict[Any, tuple[str, ...]]:
+    def _gpus_by(self, key: Callable[[RankEntry], Any]) -> dict[Any, tuple[str, ...]]:
         """The GPUs (scope keys) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""
         grouped: dict[Any, set[str]] = {}
         for rank in self.ranks:
@@ -204,52 +206,46 @@ class Discovery:
         return notes
 
     @cached_property
-    def ranks(self) -> list[dict[str, Any]]:
+    def ranks(self) -> list[RankEntry]:
         """The rank map: each process that runs the model (vLLM's workers, one per GPU; with neither tensor nor pipeline
         parallelism, the engine core itself) with its data-, pipeline- and tensor-parallel rank, read from its title
         (`VLLM::Worker_DP1_PP0_TP1`: a part left out is a group of one), and the GPUs NVML lists its memory on. Made
         once: a tick reads it for the global signals and for /diagnosis."""
         workers = [p for p in self.processes if p.get("role") == "worker"]
-        ranked = []
+        ranked: list[RankEntry] = []
         for p in workers or [p for p in self.processes if p.get("role") == "engine_core"]:
             parts = {kind: int(number) for kind, number in RANK_PART.findall(str(p.get("title", "")).partition("::")[2])}
             if "title" not in p:  # recorded before titles were: the index stands for the engine (engine cores) or rank
                 parts = {"DP": p.get("index", 0)} if p.get("role") == "engine_core" else {"TP": p.get("index", 0)}
             gpus = sorted({int(h["gpu"]) for h in self.gpu_processes if h.get("pid") == p.get("pid") and h.get("gpu") is not None})
             ranked.append(
-                {
-                    "pid": p.get("pid"),
-                    "role": p.get("role"),
-                    "dp_rank": parts.get("DP", 0),
-                    "pp_rank": parts.get("PP", 0),
-                    "tp_rank": parts.get("TP", 0),
-                    "gpus": gpus,
-                }
+                RankEntry(pid=p.get("pid"), role=p.get("role"), dp_rank=parts.get("DP", 0), pp_rank=parts.get("PP", 0), tp_rank=parts.get("TP", 0), gpus=gpus)
             )
         return sorted(ranked, key=lambda r: (r["dp_rank"], r["pp_rank"], r["tp_rank"]))
 
-    def to_json(self) -> dict[str, Any]:
+    def view(self) -> DiscoveryView:
+        """What the outlets read of it (the Snapshot's discovery)."""
         ranks = self.ranks
-        return {
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_seqs_origin": self.max_num_seqs_origin,
-            "max_num_seqs_text": self.max_num_seqs_text,
-            "vllm_version": self.vllm_version,
-            "api_server_args": self.api_server_args,
-            "processes": list(self.processes),
-            "orphans": list(self.orphans),
-            "lost_workers": list(self.lost_workers),
-            "process_binding": self.process_binding,
-            "ignored_processes": self.ignored_processes,
-            "gpus": list(self.gpus),
-            "gpu_selection": self.gpu_selection,
-            "gpu_peak": None if self.gpu_peak is None else vars(self.gpu_peak),
-            "ranks": ranks,
-            "parallelism": parallelism_lines(ranks, bool(self.gpus)),
-        }
+        return DiscoveryView(
+            max_num_seqs=self.max_num_seqs,
+            max_num_seqs_origin=self.max_num_seqs_origin,
+            max_num_seqs_text=self.max_num_seqs_text,
+            vllm_version=self.vllm_version,
+            api_server_args=self.api_server_args,
+            processes=self.processes,
+            orphans=self.orphans,
+            lost_workers=self.lost_workers,
+            process_binding=self.process_binding,
+            ignored_processes=self.ignored_processes,
+            gpus=self.gpus,
+            gpu_selection=self.gpu_selection,
+            gpu_peak=None if self.gpu_peak is None else vars(self.gpu_peak),
+            ranks=tuple(ranks),
+            parallelism=tuple(parallelism_lines(ranks, bool(self.gpus))),
+        )
 
 
-def parallelism_lines(ranks: list[dict[str, Any]], gpus_read: bool) -> list[str]:
+def parallelism_lines(ranks: list[RankEntry], gpus_read: bool) -> list[str]:
     """A rank map in words, one line per engine: 'engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid 41), TP1
     GPU 3 (worker pid 42)'. Without GPU readings (`gpus_read` false: no GPU source) the GPUs are not named."""
     lines = []

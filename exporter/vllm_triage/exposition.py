@@ -158,9 +158,9 @@ class SnapshotCollector(Collector):
             "and the GPU NVML lists its memory on (gpu empty: not known); join the per-GPU series on gpu.",
             labels=["engine", "pp_rank", "tp_rank", "role", "gpu"],
         )
-        for rank in snapshot.discovery.get("ranks", ()):
-            for gpu in rank["gpus"] or [""]:
-                ranks.add_metric([str(rank["dp_rank"]), str(rank["pp_rank"]), str(rank["tp_rank"]), str(rank["role"]), str(gpu)], 1.0)
+        for rank in snapshot.discovery.ranks:
+            for gpu in [str(g) for g in rank["gpus"]] or [""]:
+                ranks.add_metric([str(rank["dp_rank"]), str(rank["pp_rank"]), str(rank["tp_rank"]), str(rank["role"]), gpu], 1.0)
         yield ranks
 
     def _verdicts(self, snapshot: Snapshot) -> Iterator[Metric]:

@@ -119,7 +119,7 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
     requests = Plot("Requests running and waiting", "count")
     requests.series["running"] = _gauge(vllm, "vllm:num_requests_running").get("", [])
     requests.series["waiting"] = _gauge(vllm, "vllm:num_requests_waiting").get("", [])
-    seqs = next((s.discovery.get("max_num_seqs") for s in reversed(snapshots) if s.discovery.get("max_num_seqs")), None)
+    seqs = next((s.discovery.max_num_seqs for s in reversed(snapshots) if s.discovery.max_num_seqs), None)
     if seqs:
         requests.lines["max_num_seqs"] = float(seqs)
     result.append(requests)

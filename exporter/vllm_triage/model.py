@@ -10,7 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
 Labels = tuple[tuple[str, str], ...]
@@ -264,6 +264,42 @@ class ProcessTargets:
         return chosen
 
 
+class RankEntry(TypedDict):
+    """One process that runs the model, with its data-, pipeline- and tensor-parallel rank and the GPUs it holds."""
+
+    pid: int | None
+    role: str | None
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    gpus: list[int]
+
+
+@dataclass(frozen=True)
+class DiscoveryView:
+    """What discovery found at a tick, as the outlets read it and /diagnosis shows it (its `discovery` object, in this
+    order): vLLM's max_num_seqs and where it came from, its version and flags, its processes, the GPUs, the rank map."""
+
+    max_num_seqs: int | None = None
+    max_num_seqs_origin: str | None = None  # config | command_line | history | default
+    max_num_seqs_text: str = ""
+    vllm_version: str | None = None
+    api_server_args: dict[str, Any] = field(default_factory=dict)
+    processes: tuple[ProcessEntry, ...] = ()
+    orphans: tuple[OrphanEntry, ...] = ()
+    lost_workers: tuple[LostWorker, ...] = ()
+    process_binding: str | None = None
+    ignored_processes: int = 0
+    gpus: tuple[GpuEntry, ...] = ()
+    gpu_selection: str | None = None
+    gpu_peak: dict[str, Any] | None = None  # the watched GPUs' model and peaks (hardware.GpuPeak)
+    ranks: tuple[RankEntry, ...] = ()
+    parallelism: tuple[str, ...] = ()  # the rank map in words, one line per engine
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: list(value) if isinstance(value := getattr(self, f.name), tuple) else value for f in fields(self)}
+
+
 @dataclass(frozen=True)
 class SourceHealth:
     source: str
@@ -398,8 +434,8 @@ class Snapshot:
     sources: tuple[SourceHealth, ...]
     evaluations: int
     window_seconds: float
-    discovery: dict[str, Any] = field(default_factory=dict)
-    primary: str | None = None  # the verdict the report leads with (see diagnosis.engine.rank)
+    discovery: DiscoveryView = field(default_factory=lambda: DiscoveryView())
+    primary: str | None = None  # the verdict the report leads with (see diagnosis.engine._primary)
     latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
     # Python stacks taken when a condition that asks for them became active (engine_wedged): where it is stuck
     stack_dumps: tuple[dict[str, Any], ...] = ()
@@ -424,7 +460,7 @@ class Snapshot:
                 "conditions": [v.to_json() for v in self.verdicts],
                 "sources": {s.source: s.to_json() for s in self.sources},
                 "signals": self.signals,
-                "discovery": self.discovery,
+                "discovery": self.discovery.to_json(),
                 "gpus": _gpus_json(self.latest.get(GPU_SOURCE, {})),
                 "stack_dumps": list(self.stack_dumps),
             }

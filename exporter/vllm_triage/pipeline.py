@@ -94,7 +94,7 @@ def evaluate(
         sources=derived.sources,
         evaluations=judgement.evaluations,
         window_seconds=engine.window_seconds,
-        discovery=derived.discovery.to_json(),
+        discovery=derived.discovery.view(),
         latest=derived.latest_exported(),
         vllm_starting_seconds=judgement.vllm_starting_seconds,
         stack_dumps=stack_dumps,

@@ -22,9 +22,9 @@ def format_report(snapshot: Snapshot, target: str) -> str:
         f"vllm-triage diagnosis of {target}",
         f"  at {_when(snapshot.timestamp)}, over the last {snapshot.window_seconds:.0f} s",
     ]
-    version = snapshot.discovery.get("vllm_version")
-    lines.append(f"  vLLM version: {version or 'unknown'}; {snapshot.discovery.get('max_num_seqs_text', '')}")
-    lines.extend(f"  {line}" for line in snapshot.discovery.get("parallelism", ()))
+    found = snapshot.discovery
+    lines.append(f"  vLLM version: {found.vllm_version or 'unknown'}; {found.max_num_seqs_text}")
+    lines.extend(f"  {line}" for line in found.parallelism)
     for health in snapshot.sources:
         state = "up" if health.up else ("down" if health.up is False else "no reading")
         detail = f" (last error: {health.last_error})" if health.last_error and not health.up else ""

@@ -92,7 +92,7 @@ def test_dcgm_readings_give_the_same_gpu_verdicts_as_nvml():
     snapshot = pipeline.evaluate(38.0)
     busy = next(v for v in snapshot.verdicts if v.condition == "gpu_busy_not_computing")
     assert busy.state == "active", [e.text for e in busy.evidence]
-    assert snapshot.discovery["gpu_peak"]["model"] == "H200"  # modelName gives the peaks efficiency is measured against
+    assert snapshot.discovery.gpu_peak["model"] == "H200"  # modelName gives the peaks efficiency is measured against
 
 
 def test_without_sm_active_it_says_what_to_enable():

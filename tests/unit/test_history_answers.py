@@ -200,7 +200,7 @@ def test_max_num_seqs_from_history_is_named_so_and_series_answered_to_another_qu
     app = web.Application()
     app.router.add_post("/api/v1/query_range", query_range)
     notes, snapshot = asyncio.run(serving(app, judged))
-    assert (snapshot.discovery["max_num_seqs"], snapshot.discovery["max_num_seqs_origin"]) == (48, "history")
-    assert "from Prometheus' history" in snapshot.discovery["max_num_seqs_text"]
+    assert (snapshot.discovery.max_num_seqs, snapshot.discovery.max_num_seqs_origin) == (48, "history")
+    assert "from Prometheus' history" in snapshot.discovery.max_num_seqs_text
     assert any("1 series its query did not ask for (e.g. 'node_load1')" in n for n in notes), notes
     assert any("(e.g. 'up')" in n for n in notes), notes

@@ -89,9 +89,10 @@ def fake_vllm(port: int, max_num_seqs: int | str, comm: bytes = b"") -> tuple[su
 
 
 def judged(reading) -> dict:
+    """The discovery /diagnosis shows after one reading."""
     store = Store(60)
     store.add(reading)
-    return evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp).discovery
+    return evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp).discovery.to_json()
 
 
 def test_watches_only_the_vllm_it_scrapes_among_several_on_the_host():
@@ -143,7 +144,7 @@ def test_a_hostile_command_line_and_a_split_thread_name_are_data_not_a_broken_ev
             store = Store(60)
             store.add(reading)
             snapshot = evaluate(Engine(load(env={}).conditions, 60), store, reading.timestamp)
-            assert snapshot.discovery["max_num_seqs_origin"] == "default"
+            assert snapshot.discovery.max_num_seqs_origin == "default"
             assert "max_num_seqs" not in reading.meta["api_server_args"]
             assert "max_num_seqs=" in format_report(snapshot, "vllm")
         finally:
@@ -363,9 +364,9 @@ def test_the_rank_map_names_each_workers_ranks_and_gpu_from_its_title_and_nvml()
         store.add(processes)
         store.add(dataclasses.replace(with_gpu_processes([(tp0, 2), (tp1, 3)]), timestamp=processes.timestamp))
         snapshot = evaluate(Engine(load(env={}).conditions, 60), store, processes.timestamp)
-        assert [(r["role"], r["dp_rank"], r["tp_rank"], r["gpus"]) for r in snapshot.discovery["ranks"]] == [("worker", 0, 0, [2]), ("worker", 0, 1, [3])]
+        assert [(r["role"], r["dp_rank"], r["tp_rank"], r["gpus"]) for r in snapshot.discovery.ranks] == [("worker", 0, 0, [2]), ("worker", 0, 1, [3])]
         said = f"engine 0: TP=2, 2 ranks on GPUs 2,3: TP0 GPU 2 (worker pid {tp0}), TP1 GPU 3 (worker pid {tp1})"
-        assert snapshot.discovery["parallelism"] == [said]
+        assert list(snapshot.discovery.parallelism) == [said]
         assert said in format_report(snapshot, "vllm")
         exposition = Exposition(load(env={}).conditions, 1.0)
         exposition.update(snapshot)
@@ -385,7 +386,7 @@ def test_the_rank_map_of_the_h200_engine_is_its_engine_core_on_gpu_0_and_says_wh
     store = Store(60)
     for reading in readings:
         store.add(reading)
-    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp).discovery
+    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp).discovery.to_json()
     core = next(p["pid"] for p in found["processes"] if p["role"] == "engine_core")
     assert found["parallelism"] == [f"engine 0: TP=1, 1 rank on GPU 0: TP0 GPU 0 (engine_core pid {core})"]
     # A DP=2 x TP=2 server whose workers' memory NVML lists under other pids (another pid namespace): said so.
@@ -393,7 +394,7 @@ def test_the_rank_map_of_the_h200_engine_is_its_engine_core_on_gpu_0_and_says_wh
     process = next(r for r in readings if r.source == PROCESS_SOURCE)
     store.add(dataclasses.replace(process, timestamp=readings[-1].timestamp + 1, meta={**process.meta, "processes": titled}))
     store.add(dataclasses.replace(with_gpu_processes([(10, 0), (11, 1)]), timestamp=readings[-1].timestamp + 1))
-    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp + 1).discovery
+    found = evaluate(Engine(load(env={}).conditions, 60), store, readings[-1].timestamp + 1).discovery.to_json()
     assert found["parallelism"][0] == "engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 10), TP1 GPU 1 (worker pid 11)"
     assert found["parallelism"][1].startswith("engine 1: TP=2, 2 ranks: TP0 GPU unknown (worker pid 12), TP1 GPU unknown (worker pid 13) (NVML lists no memory")
 
@@ -427,7 +428,7 @@ def test_a_tensor_parallel_rank_that_dies_or_stops_while_its_engine_core_runs_is
                 assert verdicts[8]["tp_rank_lost"].state == "inactive" and verdicts[10]["tp_rank_lost"].state == "active"  # for 10 s
                 assert lost.cause == "exited"
                 assert any(f"worker VLLM::Worker_TP1 (pid {tp1}) is zombie while its engine core (pid {core}) runs on" in e.text for e in lost.evidence)
-                assert snapshot.discovery["lost_workers"][0]["pid"] == tp1
+                assert snapshot.discovery.lost_workers[0]["pid"] == tp1
             else:
                 assert after.samples[("process_lost", (("role", "worker"),))] == 0.0  # stopped, not gone
                 assert verdicts[20]["tp_rank_lost"].state == "inactive" and verdicts[30]["tp_rank_lost"].state == "active"  # 20 s, then for 10 s

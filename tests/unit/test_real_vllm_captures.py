@@ -234,7 +234,7 @@ def test_model_flops_and_bandwidth_utilization_on_the_h200_against_its_roofline(
     assert max(s["model_flops_utilization_ratio"] for s in decode) < min(s["model_flops_utilization_ratio"] for s in prefill) / 5
     # decode's bytes by vLLM's estimate agree with the DRAM bandwidth GPM measured, within 0.05 of the peak
     assert all(abs(s["model_bandwidth_utilization_ratio"] - s["gpu_dram_bandwidth_utilization_ratio_mean"]) < 0.05 for s in decode), decode
-    assert snapshots[-1].discovery["gpu_peak"]["model"] == "H200"
+    assert snapshots[-1].discovery.gpu_peak["model"] == "H200"
 
 
 def test_saturation_advice_carries_its_numbers(tmp_path):

@@ -101,7 +101,7 @@ def serving() -> tuple[list[Reading], float]:
 def test_the_group_of_two_gpus_is_found_and_a_balanced_group_holds_no_tp_verdict():
     readings, end = serving()
     snapshot = judged(as_tensor_parallel(readings), end)
-    assert snapshot.discovery["parallelism"][0].startswith("engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 900001)")
+    assert snapshot.discovery.parallelism[0].startswith("engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 900001)")
     for condition in ("tp_straggler", "communication_bound", "tp_rank_lost"):
         assert verdict(snapshot, condition).state == "inactive", (condition, texts(verdict(snapshot, condition)))
     assert snapshot.signals["gpu:1"]["gpu_sm_clock_to_peers_ratio"] == 1.0 and snapshot.signals["gpu:0"]["gpu_peers"] == 1.0
@@ -256,7 +256,7 @@ def test_with_two_data_parallel_engines_a_gpu_is_compared_with_its_own_group_onl
         return value * 0.8 if index == 3 and name == "gpu_sm_clock_hertz" else value
 
     snapshot = judged(as_two_engines(readings, gpu3_braked), end)
-    assert snapshot.discovery["parallelism"][1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery["parallelism"]
+    assert snapshot.discovery.parallelism[1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery.parallelism
     straggler = verdict(snapshot, "tp_straggler")
     assert straggler.active and straggler.scopes == ("gpu:3",) and straggler.cause == "clocks", texts(straggler)
     assert any("GPUs in its tensor-parallel group (the rank map) 2 is >= 2" in t for t in texts(straggler)), texts(straggler)
@@ -280,4 +280,4 @@ def test_with_two_data_parallel_engines_each_is_judged_beside_its_own_gpus():
     snapshot = judged(as_two_engines(readings, engine1_from=spun), end)
     bound = verdict(snapshot, "communication_bound")
     assert bound.active and bound.scopes == ("tiny/1",) and bound.cause == "pcie", texts(bound)
-    assert snapshot.discovery["parallelism"][1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery["parallelism"]
+    assert snapshot.discovery.parallelism[1].startswith("engine 1: TP=2, 2 ranks on GPUs 2,3"), snapshot.discovery.parallelism
