@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
+from vllm_triage.sources.vllm import spellings
 
 from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads
 
@@ -45,11 +46,10 @@ def _q(vllm_metric: str) -> str:
     return f"{vllm_metric}{{{VLLM}}}"
 
 
-def _quantile(q: float, histogram: str, old: str | None = None) -> str:
-    expr = f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{{{VLLM}}}[$__rate_interval])))"
-    if old:
-        expr = f"({expr}) or histogram_quantile({q}, sum by (le) (rate({old}_bucket{{{VLLM}}}[$__rate_interval])))"
-    return expr
+def _quantile(q: float, histogram: str) -> str:
+    """The quantile of a vLLM histogram, under whichever name the server's vLLM exports it."""
+    today, *older = (f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{{{VLLM}}}[$__rate_interval])))" for name in spellings(histogram))
+    return " or ".join([f"({today})" if older else today, *older])
 
 
 class _Layout:
@@ -309,7 +309,7 @@ def overview() -> dict[str, Any]:
         timeseries(
             "KV cache usage",
             [
-                (f"max({_q('vllm:kv_cache_usage_perc')} or {_q('vllm:gpu_cache_usage_perc')})", "KV usage"),
+                (f"max({' or '.join(map(_q, spellings('vllm:kv_cache_usage_perc')))})", "KV usage"),
                 _threshold("kv_cache_saturated", "usage_min"),
             ],
             unit="percentunit",
@@ -341,8 +341,8 @@ def overview() -> dict[str, Any]:
         timeseries(
             "Inter-token latency",
             [
-                (_quantile(0.5, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p50"),
-                (_quantile(0.95, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p95"),
+                (_quantile(0.5, "vllm:inter_token_latency_seconds"), "p50"),
+                (_quantile(0.95, "vllm:inter_token_latency_seconds"), "p95"),
                 _threshold("itl_high", "itl_p95_max_seconds"),
             ],
             unit="s",

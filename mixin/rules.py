@@ -13,17 +13,18 @@ from typing import Any
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
 from vllm_triage.diagnosis.engine import actions_for
 from vllm_triage.exposition import exported_signal
+from vllm_triage.sources.vllm import spellings
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
 VLLM_JOB = 'job="vllm"'
 SIDECAR_JOB = 'job="vllm-triage"'
 # KV usage straight from vLLM, whichever name its version exports.
-KV_USAGE = "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
+KV_USAGE = "(" + " or ".join(spellings("vllm:kv_cache_usage_perc")) + ")"
 
 
 def _kv_over_time(function: str, window: str) -> str:
-    return f"({function}(vllm:kv_cache_usage_perc[{window}]) or {function}(vllm:gpu_cache_usage_perc[{window}]))"
+    return "(" + " or ".join(f"{function}({name}[{window}])" for name in spellings("vllm:kv_cache_usage_perc")) + ")"
 
 
 KEEP_FIRING_FOR = "5m"
@@ -142,7 +143,6 @@ SLOS: dict[str, tuple[str, str | None, float, float]] = {
     "itl": ("inter-token latency", "vllm:inter_token_latency_seconds", 0.1, 0.99),
     "errors": ("requests finished with an error", None, 0.0, 0.999),
 }
-_OLD_NAMES = {"vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds"}  # vLLM before ~0.11
 # (short window, long window, burn rate, for, severity): the SRE workbook's multiwindow, multi-burn-rate alerts. A burn
 # of 14.4 spends 2 % of a 30-day budget in an hour, 6 spends 5 % in 6 hours (pages); 3 and 1 spend 10 % in 1 and 3 days.
 BURN_WINDOWS = (
@@ -168,7 +168,7 @@ def _slo_ratio(slo: str, window: str) -> str:
     by = "sum by (namespace, model_name)"
     if histogram is None:
         return f'{by} (rate(vllm:request_success_total{{finished_reason="error"}}[{window}])) / {by} (rate(vllm:request_success_total[{window}]))'
-    names = [histogram] + ([_OLD_NAMES[histogram]] if histogram in _OLD_NAMES else [])
+    names = spellings(histogram)
     good = " or ".join(f"rate({name}_bucket{{{_le(target)}}}[{window}])" for name in names)
     total = " or ".join(f"rate({name}_count[{window}])" for name in names)
     return f"1 - {by} ({good}) / {by} ({total})"

@@ -37,6 +37,13 @@ RENAMES: dict[str, str] = {
     "vllm:time_in_queue_requests": "vllm:request_queue_time_seconds",
 }
 
+
+def spellings(name: str) -> tuple[str, ...]:
+    """Every name vLLM has exported a family under, today's first: what a query straight on vLLM's metrics selects
+    (the alert rules, the dashboards), so that it works whatever vLLM version a server runs."""
+    return (name, *sorted(old for old, new in RENAMES.items() if new == name))
+
+
 # Families that say "this page came from vLLM"; a page with none of them is not a vLLM page.
 CORE_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
