@@ -85,12 +85,12 @@ GPU_ACTIVITY = (
 
 PCIE = (("gpu_pcie_rx_bytes_per_second", "rx"), ("gpu_pcie_tx_bytes_per_second", "tx"))
 # The samples plots() reads: the live page takes only these from the in-memory window (a test renders both ways).
+# Readings carry today's names whatever vLLM exported: the vLLM source and the history reader rename old ones.
 PLOTTED = frozenset(
     {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
         "vllm:num_preemptions_total",
         "vllm:generation_tokens_total",
         "vllm:prompt_tokens_total",
@@ -124,9 +124,7 @@ def plots(readings: list[Reading], snapshots: list[Snapshot]) -> list[Plot]:
         requests.lines["max_num_seqs"] = float(seqs)
     result.append(requests)
     kv = Plot("KV cache usage", "ratio", lines={"full": 1.0})
-    kv.series["KV usage (fullest engine)"] = (
-        _gauge(vllm, "vllm:kv_cache_usage_perc", reduce=max) or _gauge(vllm, "vllm:gpu_cache_usage_perc", reduce=max)
-    ).get("", [])
+    kv.series["KV usage (fullest engine)"] = _gauge(vllm, "vllm:kv_cache_usage_perc", reduce=max).get("", [])
     result.append(kv)
     result.append(Plot("Preemptions", "per_second", {"preemptions": _rate(_gauge(vllm, "vllm:num_preemptions_total").get("", []))}))
     tokens = Plot("Tokens", "per_second")
