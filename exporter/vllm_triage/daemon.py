@@ -181,14 +181,14 @@ class Daemon:
             config = await asyncio.to_thread(self.watch.load)
         except ConfigError as error:
             log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
-            self.exposition.collector.config_reload_successful = False
+            self.exposition.config_reloaded(successful=False)
             return
         if config.web_config_file != self.config.web_config_file:
             # The listener's TLS and users come from the file named at start; another file needs a restart.
             log.error("config file %s changed web_config_file: that needs a restart; the running configuration is kept", self.watch.path)
-            self.exposition.collector.config_reload_successful = False
+            self.exposition.config_reloaded(successful=False)
             return
-        self.exposition.collector.config_reload_successful = True
+        self.exposition.config_reloaded(successful=True)
         if config != self.config:
             log.warning("config file %s changed: continuing with it (vLLM is not touched; the windows are kept)", self.watch.path)
             self.reloaded = config
@@ -213,8 +213,7 @@ class Daemon:
             if message != self.evaluation_error:
                 log.exception("evaluation failed (the last good snapshot is served)")
             self.evaluation_error = message
-            self.exposition.collector.evaluation_failures += 1
-            self.exposition.update(self.snapshot)
+            self.exposition.evaluation_failed(self.snapshot)
         else:
             if self.evaluation_error is not None:
                 log.info("evaluation recovered")

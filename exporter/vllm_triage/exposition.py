@@ -269,6 +269,15 @@ class Exposition:
         self._scraped_at: dict[bool, list[float]] = {False: [], True: []}  # the last three scrapes per format (monotonic)
         self.renders = 0
 
+    def evaluation_failed(self, last_good: Snapshot | None) -> None:
+        """An evaluation raised: count it (vllm_triage_evaluation_failures_total) and serve the last good snapshot."""
+        self.collector.evaluation_failures += 1
+        self.update(last_good)
+
+    def config_reloaded(self, successful: bool) -> None:
+        """A changed config file was taken (or refused: vllm_triage_config_last_reload_successful 0)."""
+        self.collector.config_reload_successful = successful
+
     def update(self, snapshot: Snapshot | None, now: float | None = None) -> None:
         """A new snapshot; `now` (monotonic) lets formats with no scrape due skip rendering."""
         self.collector.snapshot = snapshot
