@@ -434,7 +434,7 @@ class Snapshot:
     sources: tuple[SourceHealth, ...]
     evaluations: int
     window_seconds: float
-    discovery: DiscoveryView = field(default_factory=lambda: DiscoveryView())
+    discovery: DiscoveryView = field(default_factory=DiscoveryView)
     primary: str | None = None  # the verdict the report leads with (see diagnosis.engine._primary)
     latest: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # source -> its last good reading, as read
     # Python stacks taken when a condition that asks for them became active (engine_wedged): where it is stuck

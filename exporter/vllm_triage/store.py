@@ -129,7 +129,8 @@ class Store:
             state.frames.append(frame)
             state.timestamps.append(reading.timestamp)
         else:
-            state.failing_since = reading.timestamp if state.failing_since is None else state.failing_since
+            if state.failing_since is None:
+                state.failing_since = reading.timestamp
             state.failed.append(replace(reading, samples={}) if reading.samples else reading)
         cutoff = reading.timestamp - self.horizons.get(reading.source, self.horizon_seconds)
         while state.frames and (state.timestamps[0] < cutoff or len(state.frames) > self.max_frames):

@@ -14,6 +14,7 @@ from vllm_triage.config import Config, load
 from vllm_triage.diagnosis.conditions import CONDITIONS, gpu
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
+from vllm_triage.sources.gpu import foreign_sm_ratio
 from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS
 
 GPU_IDS = {c.id for c in gpu.CONDITIONS}
@@ -70,8 +71,8 @@ def with_foreign_sm_ratio(readings: Iterable[Reading]) -> Iterator[Reading]:
         for (name, labels), _ in reading.samples.items():
             if name == "gpu_foreign_compute_processes":
                 gpu = int(dict(labels)["gpu"])
-                theirs = [p.get("sm_ratio", 0.0) for p in held if p["gpu"] == gpu and p["pid"] in reading.meta["foreign_pids"]]
-                samples[("gpu_foreign_sm_ratio", labels)] = min(1.0, sum(theirs))
+                theirs = [p for p in held if p["gpu"] == gpu and p["pid"] in reading.meta["foreign_pids"]]
+                samples[("gpu_foreign_sm_ratio", labels)] = foreign_sm_ratio(theirs)
         yield dataclasses.replace(reading, samples=samples)
 
 

@@ -41,6 +41,11 @@ class _Debounce:
         """Unknown now, last judged active, and not unknown for longer than clear_for yet."""
         return self.state == "unknown" and self.judged == "active"
 
+    @property
+    def active(self) -> bool:
+        """Shown active, or held so (Verdict.active)."""
+        return self.state == "active" or self.held
+
     def step(self, raw: bool | None, now: float, settings: ConditionSettings, stale: bool = False) -> None:
         if raw is None:
             self.unknown_since = self.unknown_since if self.unknown_since is not None else now
@@ -171,7 +176,6 @@ class Engine:
         verdicts = []
         for condition in self.conditions:
             outcome, debounce = outcomes[condition.id], self._debounce[condition.id]
-            active = debounce.state == "active" or debounce.held
             verdicts.append(
                 Verdict(
                     condition=condition.id,
@@ -192,7 +196,7 @@ class Engine:
                     stale=stale[condition.id],
                     suppressed_by=outcome.suppressed_by,
                     advice=tuple(outcome.advice),
-                    role=("primary" if condition.id == primary else "secondary") if active else "",
+                    role=("primary" if condition.id == primary else "secondary") if debounce.active else "",
                 )
             )
         self.evaluations += 1
@@ -318,5 +322,5 @@ def _suppress(outcomes: dict[str, _Outcome]) -> None:
 def _primary(states: list[tuple[Condition, _Debounce]]) -> str | None:
     """The primary verdict: the first active one by precedence, for its observed cause (its fix comes first); the other
     active ones are secondary to it."""
-    active = [(dict(c.precedence_by_cause).get(d.cause or "", c.precedence), c.id) for c, d in states if d.state == "active" or d.held]
+    active = [(dict(c.precedence_by_cause).get(d.cause or "", c.precedence), c.id) for c, d in states if d.active]
     return min(active, key=lambda placed: placed[0])[1] if active else None

@@ -169,13 +169,13 @@ class GilSource:
         timestamp = self.clock()
         samples: dict[SeriesKey, float] = {}
         problems: list[tuple[str, str]] = []
-        targets = {role: pid for role, pid in self.targets.first_by_role().items() if role in ("engine_core", "api_server")}
+        sampled = {role: pid for role, pid in self.targets.first_by_role().items() if role in ("engine_core", "api_server")}
         if self.py_spy is None:
             problems.append(("no_py_spy", "py-spy is not installed (pip install py-spy): GIL sampling is off"))
-        elif not targets:
+        elif not sampled:
             problems.append(("no_target", "no vLLM engine core or API server visible: is the process namespace shared?"))
         else:
-            for role, pid in sorted(targets.items(), key=lambda item: item[0] != "engine_core"):
+            for role, pid in sorted(sampled.items(), key=lambda item: item[0] != "engine_core"):
                 problem = await self._window(role, pid, samples)
                 if problem:
                     problems.append(problem)
@@ -191,7 +191,7 @@ class GilSource:
         )
         state = reading.error_reason or "ok"
         if state != self._last_state:
-            (log.info if state == "ok" else log.warning)("GIL source: %s", reading.error or f"sampling {', '.join(targets)}")
+            (log.info if state == "ok" else log.warning)("GIL source: %s", reading.error or f"sampling {', '.join(sampled)}")
             self._last_state = state
         return reading
 

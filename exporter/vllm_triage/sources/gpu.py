@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -73,6 +73,12 @@ class _Device:
     slow: dict[str, float | None] = field(default_factory=dict)  # see SLOW_REFRESH_SECONDS
     slow_time: float = -math.inf
     process_samples_seen: int = 0  # NVML's timestamp (us) of the newest per-process utilisation sample read
+
+
+def foreign_sm_ratio(foreign: Iterable[ComputeProcess]) -> float:
+    """The share of the GPU's time other programs' kernels ran: their NVML per-process shares summed (a pid without a
+    share ran no kernel), at most the whole GPU."""
+    return min(1.0, sum(p.get("sm_ratio", 0.0) for p in foreign))
 
 
 class GpuSource:
@@ -309,7 +315,7 @@ class GpuSource:
                 foreign = [p for p in on_it if p["pid"] in theirs]
                 samples[("gpu_foreign_compute_processes", labels)] = float(len(foreign))
                 if all("sm_ratio" in p for p in on_it):  # NVML samples per process here: what the others' kernels took
-                    samples[("gpu_foreign_sm_ratio", labels)] = min(1.0, sum(p.get("sm_ratio", 0.0) for p in foreign))
+                    samples[("gpu_foreign_sm_ratio", labels)] = foreign_sm_ratio(foreign)
         reading = Reading(
             GPU_SOURCE,
             timestamp,
