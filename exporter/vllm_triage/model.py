@@ -83,6 +83,7 @@ class ProcessMeta(TypedDict, total=False):
     orphans: list[OrphanEntry]  # engine cores and workers that outlived their API server
     lost_workers: list[LostWorker]  # workers gone while their engine core runs
     api_server_args: dict[str, Any]  # its command line's flags, parsed
+    api_server_flags: dict[str, str]  # every flag of its command line as written, secrets redacted
     api_server_pid: int
     process_view: bool  # processes beyond the sidecar's own are visible (a shared process namespace)
     api_server_exit_times: list[float]  # when API servers were seen exiting (the last 16)

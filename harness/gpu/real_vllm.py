@@ -54,7 +54,11 @@ class Scenario:
     #   kill_vllm: SIGKILL the API server and every engine core (a crash, a node's OOM killer); nothing listens after
     #   launch: vLLM started now (the sidecar records from before its launch, a pod's rollout); the phase lasts until it answers
     #   foreign_process: another program (bf16 matmuls in torch) computes on vLLM's GPU for the rest of the phase
+    #   relaunch: vLLM stopped and started again with `relaunch_flags` (a rollout that changes a flag, or none); the phase
+    #     lasts until it answers
     actions: tuple[tuple[str, float, str, float], ...] = ()
+    cuda_graphs: bool = False  # vLLM's defaults (torch.compile and CUDA graphs) instead of --enforce-eager
+    relaunch_flags: tuple[str, ...] | None = None  # every flag of the relaunched vLLM, --enforce-eager where it runs eager
 
 
 PROFILE_DIR = Path("/tmp/vllm-profile")  # vLLM's torch_profiler_dir; each profile is moved to OUT_DIR/traces/<phase>
@@ -143,6 +147,21 @@ SCENARIOS = {
         "gpu_starved within 90 s with cause cpu_contention, the engine core's thread waiting for its CPU in the evidence; "
         "tokens per second and SM activity well below serving's. It clears after recovered starts.",
         actions=(("contended", 0.0, "contend", 3.0),),
+    ),
+    # A rollout that turns CUDA graphs off: the 1B model at vLLM's defaults (torch.compile, CUDA graphs) under 32 clients,
+    # then relaunched with --enforce-eager under the same load (every decode step's kernels launched one by one from
+    # Python: the engine core's thread is the limit, gpu_starved in the demo's underload).
+    "eager_change": Scenario(
+        "1b",
+        ("--max-num-seqs", "256"),
+        (Phase("idle", 5), Phase("graphs", 120, 32, 40, 160), Phase("relaunch", 5), Phase("eager", 120, 32, 40, 160), Phase("idle", 10)),
+        "graphs: nothing (no regression: no change seen yet). relaunch (the API server stopped, vLLM started again with "
+        "--enforce-eager added; the phase lasts until it answers): no regression. eager (the same 32 clients): output tokens "
+        "per second per request in flight well below graphs' (CUDA graphs off), regression_after_change within 90 s naming "
+        "--enforce-eager and the ratio.",
+        actions=(("relaunch", 0.0, "relaunch", 0.0),),
+        cuda_graphs=True,
+        relaunch_flags=("--max-num-seqs", "256", "--enforce-eager"),
     ),
     # Another program computing on vLLM's GPU (a training job or a notebook left on a shared GPU): in a tensor-parallel
     # group the rank on that GPU is the straggler; here, one GPU, what NVML and GPM read of it.
@@ -332,7 +351,7 @@ def make_model(kind: str, staged: Path) -> Path:
     return target
 
 
-def start_vllm(model: Path, flags: tuple[str, ...], log: Path, hang_seconds: float | None = None) -> subprocess.Popen[bytes]:
+def start_vllm(model: Path, flags: tuple[str, ...], log: Path, hang_seconds: float | None = None, eager: bool = True) -> subprocess.Popen[bytes]:
     paths = SITE
     if hang_seconds is not None:
         HOOKS.mkdir(parents=True, exist_ok=True)
@@ -347,8 +366,8 @@ def start_vllm(model: Path, flags: tuple[str, ...], log: Path, hang_seconds: flo
     }
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny"]
     length = () if "--max-model-len" in flags else ("--max-model-len", "1024")  # 48 blocks of 16 hold only 768 tokens
-    command += ["--port", str(PORT), *length, "--enforce-eager", "--gpu-memory-utilization", "0.5", *flags]
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    command += ["--port", str(PORT), *length, *(["--enforce-eager"] if eager else []), "--gpu-memory-utilization", "0.5", *flags]
+    process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     try:
         wait_healthy(URL, process, log, 300)
     except RuntimeError:
@@ -422,20 +441,31 @@ class Server:
     flags: tuple[str, ...]
     log: Path
     hang_seconds: float | None
+    eager: bool = True
+    relaunch_flags: tuple[str, ...] | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.process = start_vllm(self.model, self.flags, self.log, self.hang_seconds)
+        self.process = start_vllm(self.model, self.flags, self.log, self.hang_seconds, self.eager)
+
+    def relaunch(self) -> None:
+        """Stopped as Kubernetes stops a pod (SIGTERM), then started with the relaunch flags (they say --enforce-eager)."""
+        assert self.process is not None and self.relaunch_flags is not None
+        stop(self.process)
+        for pid in vllm_pids("VLLM::"):
+            os.kill(pid, signal.SIGKILL)
+        self.flags, self.eager = self.relaunch_flags, False
+        self.start()
 
 
 async def act(action: str, argument: float, after: float, server: Server, marks: list[tuple[str, float]], until: float) -> None:
     """One of Scenario.actions, `after` seconds from now; a contention ends at `until` (the phase's end)."""
     await asyncio.sleep(after)
-    if action == "launch":
+    if action in ("launch", "relaunch"):
         marks.append(("vllm_launched", time.time()))
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(server.start if action == "launch" else server.relaunch)
         marks.append(("vllm_ready", time.time()))
-        print(f"  vLLM launched and answering after {marks[-1][1] - marks[-2][1]:.0f} s", flush=True)
+        print(f"  vLLM {action}ed and answering after {marks[-1][1] - marks[-2][1]:.0f} s", flush=True)
         return
     assert server.process is not None
     if action == "contend":
@@ -551,7 +581,7 @@ def main() -> None:
         scenario = SCENARIOS[name]
         model = make_model(scenario.model, staged)
         hang = next((arg for _, _, action, arg in scenario.actions if action == "hang_kernel"), None)
-        server = Server(model, scenario.flags, out / f"{name}-vllm.log", hang)
+        server = Server(model, scenario.flags, out / f"{name}-vllm.log", hang, not scenario.cuda_graphs, scenario.relaunch_flags)
         if not any(action == "launch" for _, _, action, _ in scenario.actions):
             server.start()
             print(f"{time.strftime('%H:%M:%S')} {name}: vLLM ready", flush=True)

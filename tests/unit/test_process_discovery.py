@@ -19,7 +19,7 @@ from vllm_triage.exposition import Exposition
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import evaluate
 from vllm_triage.report import format_report
-from vllm_triage.sources.process import ProcessSource, parse_vllm_args, role_of
+from vllm_triage.sources.process import ProcessSource, command_line_flags, parse_vllm_args, role_of
 from vllm_triage.store import Store
 
 from .pages import Counters, failed, page
@@ -48,6 +48,23 @@ def test_parse_vllm_args_both_spellings():
     assert args == {"model": "/m", "max_num_seqs": 32, "tensor_parallel_size": 8, "port": 8001, "enable_prefix_caching": True}
     assert parse_vllm_args(["/venv/bin/vllm", "serve", "meta/llama", "--max-num-seqs", "x"]) == {"model": "meta/llama"}
     assert parse_vllm_args(["vllm", "serve", "m" * 10_000, "--port", "70000", "--gpu-memory-utilization", "nan"]) == {"model": "m" * 256}
+
+
+def test_command_line_flags_keep_every_flag_as_written_without_secrets():
+    """What a change between two starts is told by: every flag, also those no signal reads, a flag alone as "", and no
+    secret's value (an API key must not reach /diagnosis, a bundle or a dashboard)."""
+    cmdline = ["vllm", "serve", "meta/llama", "--enforce-eager", "--compilation-config", '{"level": 0}', "--api-key=s3cr3t", "--hf-token", "hf_x"]
+    flags = command_line_flags([*cmdline, "--max-num-seqs", "-1", "--kv-cache-dtype=fp8"])
+    assert flags == {
+        "--enforce-eager": "",
+        "--compilation-config": '{"level": 0}',
+        "--api-key": "(redacted)",
+        "--hf-token": "(redacted)",
+        "--max-num-seqs": "-1",
+        "--kv-cache-dtype": "fp8",
+    }
+    assert "s3cr3t" not in str(flags) and "hf_x" not in str(flags)
+    assert len(command_line_flags(["vllm", *(f"--flag-{i}" for i in range(10_000))])) == 128
 
 
 def test_roles():
@@ -168,6 +185,7 @@ def test_binds_by_the_api_servers_port_flag_when_its_socket_is_not_visible(tmp_p
         assert roles == ["api_server", "engine_core"] and foreign.pid not in {p["pid"] for p in reading.meta["processes"]}
         assert "started with --port 18123" in reading.meta["binding"]
         assert reading.meta["api_server_args"]["max_num_seqs"] == 48
+        assert reading.meta["api_server_flags"] == {"--max-num-seqs": "48", "--port": "18123"}
     finally:
         for child in psutil.Process(server.pid).children(recursive=True):
             child.kill()

@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,27 @@ FLAGS: dict[str, tuple[type, float, float]] = {
 TEXT_VALUE_MAX = 256  # a model name or path longer than this is cut (argv can be megabytes)
 _refused: set[str] = set()  # flag=value already logged as out of range
 BOOLEAN_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling")
+
+
+# A flag whose name says its value is a secret (--api-key, --hf-token) is kept without its value.
+SECRET_FLAG = re.compile(r"key|token|secret|password|credential", re.IGNORECASE)
+MAX_FLAGS = 128  # of one command line, kept for what changed between two of vLLM's starts
+
+
+def command_line_flags(cmdline: list[str]) -> dict[str, str]:
+    """Every `--flag` of a vLLM command line with its value as written ("" for a flag given alone), secrets redacted:
+    what a change between two starts of vLLM is told by (regression_after_change)."""
+    flags: dict[str, str] = {}
+    tokens, i = cmdline[1:], 0
+    while i < len(tokens) and len(flags) < MAX_FLAGS:
+        name, equals, value = tokens[i].partition("=")
+        i += 1
+        if not name.startswith("--"):
+            continue
+        if not equals and i < len(tokens) and not tokens[i].startswith("--"):
+            value, i = tokens[i], i + 1
+        flags[name[:64]] = "(redacted)" if value and SECRET_FLAG.search(name) else value[:TEXT_VALUE_MAX]
+    return flags
 
 
 def parse_vllm_args(cmdline: list[str]) -> dict[str, Any]:
@@ -142,6 +164,7 @@ class _Tracked:
     index: int  # small, stable per role: a label value, never the pid
     title: str
     args: dict[str, Any]
+    flags: dict[str, str]  # the API server's whole command line (command_line_flags); empty for the other roles
     thread_times: dict[int, float] = field(default_factory=dict)  # tid -> cumulative CPU seconds
     thread_waits: dict[int, float] = field(default_factory=dict)  # tid -> cumulative seconds runnable but not running
     sampled_at: float | None = None  # when thread_times were read
@@ -232,8 +255,9 @@ class ProcessSource:
             chosen = sorted((p for pid, p in titled.items() if p[0] == role and pid in members), key=lambda p: p[1].pid)
             for index, (_, proc, cmdline) in enumerate(chosen):
                 previous = known.get(proc.pid)
-                args = parse_vllm_args(cmdline) if role == "api_server" else {}
-                entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args)
+                server = role == "api_server"
+                args, flags = (parse_vllm_args(cmdline), command_line_flags(cmdline)) if server else ({}, {})
+                entry = _Tracked(proc, role, index, " ".join(cmdline)[:200], args, flags)
                 if previous is not None and previous.role == role:
                     entry.thread_times, entry.thread_waits, entry.sampled_at = previous.thread_times, previous.thread_waits, previous.sampled_at
                     entry.threads, entry.busiest, entry.neediest = previous.threads, previous.busiest, previous.neediest
@@ -358,6 +382,7 @@ class ProcessSource:
         servers = [t for t in self._tracked if t.role == "api_server"]
         if servers:
             meta["api_server_args"] = servers[0].args
+            meta["api_server_flags"] = servers[0].flags
             meta["api_server_pid"] = servers[0].process.pid
             pid = servers[0].process.pid
             if self._cgroup_stat is None or self._cgroup_stat[0] != pid:  # a process stays in its cgroup: found once
