@@ -1,8 +1,8 @@
 """How long the default settings take to raise and to clear each verdict, on real vLLM data: replays the bundled demo
 capture (a real vLLM 0.26.0 on an H200 with all four sources, driven through idle / client underload / KV-cache
-saturation / recovery; harness/gpu/real_vllm.py, scenario serving) and the real H200 captures of the flagship
-regimes (tests/data/real-vllm-h200-*) on the virtual clock, and reports every transition against the phase it happened
-in, and the CPU a tick took. Prints a table; enforces nothing.
+saturation / recovery; harness/gpu/real_vllm.py, scenario serving) and the real captures of the flagship regimes
+(tests/data/real-vllm-h200-*, and two recorded on an H100: real-vllm-h100-*) on the virtual clock, and reports every
+transition against the phase it happened in, and the CPU a tick took. Prints a table; enforces nothing.
 
     .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE ...]
 
@@ -23,17 +23,26 @@ from vllm_triage.config import Config, load
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 
-from harness.gpu.truth import with_foreign_sm_ratio
-
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
-FLAGSHIP = ("kv_thrash", "contention", "hung_kernel", "killed", "orphan", "api_server_bound", "token_budget", "compute_limit", "gpu_shared")
+FLAGSHIP = (
+    "h200-kv_thrash",
+    "h200-contention",
+    "h200-hung_kernel",
+    "h200-killed",
+    "h200-orphan",
+    "h200-api_server_bound",
+    "h200-token_budget",
+    "h200-compute_limit",
+    "h100-gpu_shared",
+    "h100-eager_change",
+)
 
 
 def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, str, str]], list[tuple[str, float, float]], float, int, float]:
     """(transitions as (seconds in, condition, before, after), phases as (name, start, end), CPU seconds a tick, ticks,
     the capture's length)."""
-    readings = list(with_foreign_sm_ratio(read_readings(path)))
+    readings = list(read_readings(path))
     start = readings[0].timestamp
     phases = []
     offset = 0.0
@@ -62,7 +71,7 @@ def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="A sidecar config file (default: the defaults).")
-    default = [str(demo_capture_path()), *(str(DATA / f"real-vllm-h200-{name}.jsonl.gz") for name in FLAGSHIP)]
+    default = [str(demo_capture_path()), *(str(DATA / f"real-vllm-{name}.jsonl.gz") for name in FLAGSHIP)]
     parser.add_argument("--capture", nargs="+", default=default, help="Captures to replay (default: the demo and the flagship regimes).")
     args = parser.parse_args()
     config = load(args.config, env={})

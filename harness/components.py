@@ -126,11 +126,11 @@ class Load:
             print(f"load pid {self.process.pid} not reaped 60 s after SIGKILL (state {state}, in {wchan}): going on", flush=True)
 
 
-def start_load(url: str, clients: int, prompt_words: int, max_tokens: int, seconds: float = 600) -> Load:
+def start_load(url: str, clients: int, prompt_words: int, max_tokens: int, seconds: float = 600, shared_prefix_words: int = 0) -> Load:
     command = [
         sys.executable, "-m", "harness.load", "--url", url, "--model", vllm_server.MODEL_NAME,
         "--clients", str(clients), "--seconds", str(seconds),
-        "--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens),
+        "--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens), "--shared-prefix-words", str(shared_prefix_words),
     ]  # fmt: skip
     return Load(subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 

@@ -82,18 +82,22 @@ async def run_load(
     seed: int = 0,
     stream: bool = False,
     logprobs: int = 0,
+    shared_prefix_words: int = 0,
 ) -> LoadResult:
     result = LoadResult()
     deadline = time.monotonic() + seconds
     stop = stop or asyncio.Event()
     timeout = aiohttp.ClientTimeout(total=max(30.0, seconds + 60))
 
+    # the same words opening every prompt (a system prompt), then each prompt's own
+    shared = prompt(shared_prefix_words, random.Random(-1)) + " " if shared_prefix_words else ""
+
     async def client(index: int, session: aiohttp.ClientSession) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < deadline and not stop.is_set():
             body: dict[str, object] = {
                 "model": model,
-                "prompt": prompt(prompt_words, rng),
+                "prompt": shared + prompt(prompt_words, rng),
                 "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "temperature": 1.0,
@@ -161,9 +165,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--logprobs", type=int, default=0)
+    parser.add_argument("--shared-prefix-words", type=int, default=0, help="words every prompt opens with (a system prompt)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (run_load_processes reads it)")
     args = parser.parse_args()
-    shape = {"seed": args.seed, "stream": args.stream, "logprobs": args.logprobs}
+    shape = {"seed": args.seed, "stream": args.stream, "logprobs": args.logprobs, "shared_prefix_words": args.shared_prefix_words}
     load = run_load(args.url, args.model, args.clients, args.seconds, args.prompt_words, args.max_tokens, **shape)
     result = asyncio.run(load)
     print(json.dumps(asdict(result)) if args.json else result)

@@ -312,6 +312,14 @@ class Config:
         "processes, GPUs and flags; at most 5 MiB, one per verdict per 10 minutes, the newest 10 kept); unset: none.",
         "DIR",
     )
+    envelope_file: str | None = option(
+        None,
+        _optional(_text),
+        "Where vLLM's performance envelope per configuration is kept across the sidecar's restarts (regression_after_change "
+        "compares after a change with before it, at the same load); put it on a volume that outlives the pod. Unset: in "
+        "memory only, and a change made by a rollout that restarts the sidecar too is not seen.",
+        "FILE",
+    )
     # py-spy reads vLLM's memory without pausing it (nonblocking): a window cost a CPU-bound real engine nothing
     # measurable while open, where blocking cost it 2-7 % (README, bench/real_engine.py gil_window).
     gil_interval_seconds: float = option(120.0, _number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")

@@ -360,12 +360,15 @@ class Daemon:
             self.stack_dumps, self._dumped_for = before.stack_dumps, before._dumped_for
             self._bundled = before._bundled
             self.history.extend(before.history)
+            # the envelope goes on too, kept where this config says
+            before.pipeline.envelope.path, self.pipeline.envelope = self.pipeline.envelope.path, before.pipeline.envelope
         if before.snapshot is not None:
             self.snapshot = before.snapshot
             self.exposition.update(before.snapshot)
 
     def shutdown(self) -> None:
         self._pipeline.shutdown(wait=True)
+        self.pipeline.envelope.save()
 
 
 def _wants_stacks(condition: Condition, cause: str | None) -> bool:

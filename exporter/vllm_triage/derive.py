@@ -12,6 +12,7 @@ from typing import cast
 
 from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
+from .envelope import CHANGE_SIGNALS
 from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth, make_labels
 from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_group_scope, gpu_scope, parse_scope
@@ -24,7 +25,7 @@ DEFAULT_STALE_AFTER_SECONDS = 15.0
 CRASH_LOOP_WINDOW_SECONDS = 600.0  # API servers seen exiting within this long make a crash loop (Kubernetes backs off to 5 min)
 # Signals of the whole server, not of one scope: vllm_unreachable's (with what the host sees of the API server, for
 # its cause), and the parallel layout the rank map found (the largest tensor-parallel group and the data-parallel
-# engines; absent while no vLLM process is visible).
+# engines; absent while no vLLM process is visible); what the last change of vLLM's configuration cost (envelope.py).
 GLOBAL_SIGNALS = (
     "vllm_down_seconds",
     "vllm_stale_after_seconds",
@@ -36,6 +37,7 @@ GLOBAL_SIGNALS = (
     "host_vllm_processes_ignored",
     "vllm_tensor_parallel_size",
     "vllm_parallel_engines",
+    *CHANGE_SIGNALS,
 )
 
 
@@ -111,9 +113,10 @@ class Derived:
             self._group_cache[(scope, window)] = compute_signals(self._view(GPU_SOURCE, window), scope, self.discovery.facts(), spec.signals)
         return self._group_cache[(scope, window)]
 
-    def inputs(self, wants: Wants, stuck: tuple[tuple[str, str, str], ...] = ()) -> TickInputs:
-        """The judge's values: each (scope kind, window) it wants, computed now, the discovery notes it names, and where
-        the stack dumps taken for active verdicts found processes waiting (role, place, frame)."""
+    def inputs(self, wants: Wants, stuck: tuple[tuple[str, str, str], ...] = (), change: tuple[str, ...] = ()) -> TickInputs:
+        """The judge's values: each (scope kind, window) it wants, computed now, the discovery notes it names, where
+        the stack dumps taken for active verdicts found processes waiting (role, place, frame), and what the last change
+        of vLLM's configuration was (envelope.py)."""
         scoped = {
             (kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants.scoped)
         }
@@ -126,6 +129,7 @@ class Derived:
             tuple(found.lost_rank_notes()) if "lost_ranks" in wants.notes else (),
             stuck if "stuck" in wants.notes else (),
             tuple(found.foreign_gpu_notes()) if "foreign_gpu" in wants.notes else (),
+            change if "change" in wants.notes else (),
         )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -83,6 +83,7 @@ class Discovery:
     gpu_processes: tuple[ComputeProcess, ...] = ()  # NVML's compute processes on the watched GPUs (pid, gpu, used_bytes)
     lost_workers: tuple[LostWorker, ...] = ()  # workers gone while their engine core runs on
     foreign_pids: tuple[int, ...] = ()  # of gpu_processes, those not vLLM's (nor its processes' children)
+    api_server_flags: dict[str, str] = field(default_factory=dict)  # every flag of its command line as written
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -318,4 +319,5 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     else:  # recorded before the GPU source said which: a pid that is not one of vLLM's watched processes
         ours = {p["pid"] for p in processes}
         foreign = tuple(sorted({h["pid"] for h in held if h["pid"] not in ours})) if ours & {h["pid"] for h in held} else ()
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign)
+    flags = dict(found.get("api_server_flags", {}))
+    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign, flags)

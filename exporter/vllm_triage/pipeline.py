@@ -11,6 +11,7 @@ from typing import Any
 from .config import Config
 from .derive import DeriveSettings, derive
 from .diagnosis.engine import Engine
+from .envelope import Envelope
 from .model import Reading, Snapshot
 from .registry import SOURCES
 from .store import Store
@@ -27,6 +28,8 @@ class Pipeline:
             sources, absent = tuple(sorted({r.source for r in captured})), "not in the recorded readings (the capture, or Prometheus' history)"
         self.engine = Engine(config.conditions, config.window_seconds, sources=sources, absent_reason=absent)
         self.derive_settings = DeriveSettings(config.max_num_seqs, config.stale_after())
+        # A capture's envelope is its own: only the live sidecar keeps one across its restarts.
+        self.envelope = Envelope(config.envelope_file if captured is None else None)
         # Keep a little more than the longest window so edge frames are always present; sources that
         # look further back (py-spy's windows come minutes apart) keep their lookback, only they (every
         # vLLM page for 3 minutes cost 3x the memory).
@@ -40,7 +43,7 @@ class Pipeline:
         self.store.add(reading)
 
     def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
-        return evaluate(self.engine, self.store, now, stuck, stack_dumps, derive_settings=self.derive_settings)
+        return evaluate(self.engine, self.store, now, stuck, stack_dumps, derive_settings=self.derive_settings, envelope=self.envelope)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -80,12 +83,19 @@ def evaluate(
     stack_dumps: tuple[dict[str, Any], ...] = (),
     *,
     derive_settings: DeriveSettings | None = None,
+    envelope: Envelope | None = None,
 ) -> Snapshot:
-    """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), hand the judge the
-    values its conditions declare (and where stack dumps found vLLM's processes waiting: (role, place, frame)), and
-    assemble the Snapshot (with the stack dumps taken for the active verdicts, shown in /diagnosis)."""
+    """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), add this tick to
+    vLLM's envelope (what a change cost), hand the judge the values its conditions declare (and where stack dumps found
+    vLLM's processes waiting: (role, place, frame)), and assemble the Snapshot (with the stack dumps taken for the
+    active verdicts, shown in /diagnosis)."""
     derived = derive(store, now, derive_settings or DeriveSettings())
-    judgement = engine.judge(derived.inputs(engine.wants(), stuck))
+    change: tuple[str, ...] = ()
+    if envelope is not None:
+        envelope.observe(store, derived.discovery, now)
+        derived.global_signals.update(envelope.signals(now))
+        change = envelope.notes()
+    judgement = engine.judge(derived.inputs(engine.wants(), stuck, change))
     return Snapshot(
         timestamp=now,
         signals=derived.shown(engine.window_seconds),

@@ -3,10 +3,8 @@ and in CI on the captures recorded there (tests/unit/test_gpu_captures.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from vllm_triage.capture import read_readings
@@ -14,7 +12,6 @@ from vllm_triage.config import Config, load
 from vllm_triage.diagnosis.conditions import CONDITIONS, gpu
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
-from vllm_triage.sources.gpu import foreign_sm_ratio
 from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS
 
 GPU_IDS = {c.id for c in gpu.CONDITIONS}
@@ -55,25 +52,6 @@ ACTION_MARKS = frozenset(
     {"engine_stopped", "engine_continued", "contention_started", "contention_ended", "kernel_hung", "api_server_killed", "vllm_killed"}
     | {"foreign_started", "foreign_computing", "foreign_ended"}
 )
-
-
-def with_foreign_sm_ratio(readings: Iterable[Reading]) -> Iterator[Reading]:
-    """The gpu_shared capture was recorded (2026-12-04) when the GPU source kept NVML's per-process SM shares only in its
-    meta (`sm_ratio` of each compute process that had samples) and had no gpu_foreign_sm_ratio sample. Where a reading's
-    meta has such shares, the sample is what the source computes now: the sum of the other programs' shares on each GPU
-    (a listed pid without a sample ran no kernel). Readings whose meta has none are left as they are."""
-    for reading in readings:
-        held = reading.meta.get("compute_processes", []) if reading.source == "gpu" and reading.ok else []
-        if not any("sm_ratio" in p for p in held) or "foreign_pids" not in reading.meta:
-            yield reading
-            continue
-        samples = dict(reading.samples)
-        for (name, labels), _ in reading.samples.items():
-            if name == "gpu_foreign_compute_processes":
-                gpu = int(dict(labels)["gpu"])
-                theirs = [p for p in held if p["gpu"] == gpu and p["pid"] in reading.meta["foreign_pids"]]
-                samples[("gpu_foreign_sm_ratio", labels)] = foreign_sm_ratio(theirs)
-        yield dataclasses.replace(reading, samples=samples)
 
 
 def read_phases(path: Path) -> list[tuple[str, float, float]]:

@@ -1,5 +1,5 @@
-"""End to end against a real vLLM (CPU build, tiny local model): idle, client underload, KV
-saturation, record/replay, a stopped engine core, an engine core waiting for a CPU, and vLLM's API
+"""End to end against a real vLLM (CPU build, tiny local model): idle, client underload, prefix caching that
+never hits, KV saturation, record/replay, a stopped engine core, an engine core waiting for a CPU, and vLLM's API
 server killed. The tests run in file order on one vLLM; the last
 one kills it.
 
@@ -23,7 +23,12 @@ from harness.components import BIN, FAST_CADENCE, FAST_CONDITIONS, Sidecar, get,
 
 pytestmark = pytest.mark.integration
 
-FAST = "engine_liveness_endpoint: true\n" + FAST_CADENCE + FAST_CONDITIONS + "  prefix_cache_ineffective: {enabled: false}\n"
+FAST = (
+    "engine_liveness_endpoint: true\n"
+    + FAST_CADENCE
+    + FAST_CONDITIONS
+    + "  prefix_cache_ineffective: {enabled: false}\n  feature_ineffective: {for_seconds: 10, clear_for_seconds: 5}\n"
+)
 
 TIMINGS: dict[str, float] = {}
 IDLE_CPU: dict[str, float] = {}
@@ -73,6 +78,30 @@ def test_client_underload_detected_then_cleared(sidecar: Sidecar, vllm):
     finally:
         load.stop()
     TIMINGS["client_underload cleared"] = sidecar.wait_for(lambda: sidecar.active()["client_underload"] == 0.0, 40, "client_underload cleared")
+
+
+def test_prefix_caching_that_never_hits_names_the_block_size_and_a_prefix_of_a_block_or_more_clears_it(sidecar: Sidecar, vllm):
+    """vLLM's CPU build caches blocks of 128 tokens. Prompts opening with the same 60 words (a system prompt of 60
+    tokens: the tiny model's tokenizer is one token a word) are never served from the cache: feature_ineffective, naming
+    the block size. The same clients with a 300-word shared opening hit, and it clears. Before the KV saturation test:
+    its preemptions' recomputes hit the cache too."""
+    assert sidecar.diagnosis()["signals"]["all"]["prefix_cache_hits_since_start"] == 0
+    short = start_load(vllm.url, clients=4, prompt_words=20, max_tokens=16, shared_prefix_words=60)
+    try:
+        TIMINGS["feature_ineffective detected"] = sidecar.wait_for(lambda: sidecar.active()["feature_ineffective"] == 1.0, 60, "feature_ineffective")
+        verdict = sidecar.condition("feature_ineffective")
+        texts = [e["text"] for e in verdict["evidence"]]
+        assert verdict["cause"] == "prefix_caching", verdict
+        assert any(t.startswith("vLLM caches whole blocks of 128 tokens") for t in texts), texts
+        assert any(a.startswith("--block-size 16 (now 128)") for a in verdict["advice"]), verdict["advice"]
+    finally:
+        short.stop()
+    long = start_load(vllm.url, clients=4, prompt_words=20, max_tokens=16, shared_prefix_words=300)
+    try:
+        TIMINGS["feature_ineffective cleared"] = sidecar.wait_for(lambda: sidecar.active()["feature_ineffective"] == 0.0, 60, "feature_ineffective cleared")
+        assert sidecar.diagnosis()["signals"]["all"]["prefix_cache_hits_since_start"] > 0
+    finally:
+        long.stop()
 
 
 def test_kv_saturation_detected_with_its_cause_then_cleared(sidecar: Sidecar, vllm):

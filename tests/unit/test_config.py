@@ -193,6 +193,7 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage.diagnosis.condition",
         "vllm_triage.diagnosis.conditions",
         "vllm_triage.diagnosis.conditions.capacity",
+        "vllm_triage.diagnosis.conditions.changes",
         "vllm_triage.diagnosis.conditions.features",
         "vllm_triage.diagnosis.conditions.gpu",
         "vllm_triage.diagnosis.conditions.host",

@@ -249,6 +249,8 @@ class Engine:
             if "orphans" in condition.notes and term.holds:
                 for text in notes.orphans:
                     judge.note(text)
+            for text in notes.change if "change" in condition.notes else ():
+                judge.note(text)
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
         scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
         if not scopes:

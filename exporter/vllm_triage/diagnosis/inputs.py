@@ -23,6 +23,7 @@ class Notes:
     lost_ranks: tuple[str, ...] = ()  # workers gone while their engine core runs on
     stuck: tuple[tuple[str, str, str], ...] = ()  # (role, place, frame): where a process' stack dump found it waiting
     foreign_gpu: tuple[tuple[str, str], ...] = ()  # (GPU scope, text): other programs computing on a watched GPU
+    change: tuple[str, ...] = ()  # the last change of vLLM's configuration and what it cost (envelope.py)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ shareProcessNamespace: true.
     {{- end }}
     {{- if $triage.bundles.enabled }}
     - --bundle-dir=/var/lib/vllm-triage/bundles
+    - --envelope-file=/var/lib/vllm-triage/bundles/envelope.json
     {{- end }}
     {{- if $triage.config }}
     - --config=/etc/vllm-triage/config.yaml

@@ -7,10 +7,11 @@ Where a condition goes: its entry beside its predicate, in the module of the reg
 - capacity.py: its KV cache full, preempting or fragmented;
 - queueing.py: requests waiting and why, or too few sent;
 - latency.py: what users wait for (TTFT, ITL) and requests that fail;
-- features.py: features vLLM runs with that do not pay;
+- features.py: features vLLM runs with that do not pay or have no effect;
+- changes.py: what a change of vLLM's configuration did (its envelope before and after);
 - host.py: vLLM's processes, ranks and CPU (psutil, py-spy) where they decide the verdict;
 - gpu.py: the GPUs (NVML, GPM) where they decide it.
-A condition read on vLLM's /metrics goes in the first five whatever other layer names its cause; it is listed in
+A condition read on vLLM's /metrics goes in the first six whatever other layer names its cause; it is listed in
 VLLM_CONDITIONS, host.py's and gpu.py's in their module's CONDITIONS. The table's order is the order verdicts are
 listed in (/diagnosis, /metrics, the docs); a new one goes at the end of its layer's list.
 
@@ -18,7 +19,8 @@ Precedence, the one story a server tells (the primary verdict is the active one 
 -   1- 29  the server is down or stuck: nothing after it can be trusted (unreachable, a rank lost, wedged);
 -  30- 69  users are failed or capacity is exhausted or taken (errors, KV cache full, GPU starved, preemption, another
            program on vLLM's GPU; a queue whose cause is a cap or a budget moves here, 45-46);
--  70-119  why requests queue or the GPU is slowed (queue backlog, straggler, throttling, PCIe, collectives);
+-  70-119  why requests queue or the GPU is slowed (queue backlog, a change that made vLLM slower, straggler, throttling,
+           PCIe, collectives);
 - 120-169  latency symptoms and the GPU's own limits (fragmentation, TTFT, ITL, bandwidth- or compute-bound);
 - 170-199  waste that harms nobody yet (client underload, features that do not pay).
 """
@@ -26,7 +28,7 @@ Precedence, the one story a server tells (the primary verdict is the active one 
 from __future__ import annotations
 
 from ..condition import Condition, ConditionSettings, Threshold, default_settings
-from . import capacity, features, gpu, host, latency, liveness, queueing
+from . import capacity, changes, features, gpu, host, latency, liveness, queueing
 
 __all__ = ["CONDITIONS", "CONDITIONS_BY_ID", "PRECEDENCE", "VLLM_CONDITIONS", "Condition", "ConditionSettings", "Threshold", "default_settings"]
 
@@ -43,6 +45,8 @@ VLLM_CONDITIONS: tuple[Condition, ...] = (
     features.PREFIX_CACHE_INEFFECTIVE,
     capacity.KV_FRAGMENTATION_SUSPECTED,
     features.SPEC_DECODE_INEFFECTIVE,
+    changes.REGRESSION_AFTER_CHANGE,
+    features.FEATURE_INEFFECTIVE,
 )
 CONDITIONS: tuple[Condition, ...] = VLLM_CONDITIONS + host.CONDITIONS + gpu.CONDITIONS
 CONDITIONS_BY_ID = {c.id: c for c in CONDITIONS}

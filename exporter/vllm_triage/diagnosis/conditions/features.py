@@ -1,5 +1,5 @@
-"""Features vLLM was started with that do not pay: prefix caching that does not hit, speculative decoding
-that is not accepted."""
+"""Features vLLM was started with that do not pay: prefix caching that stopped hitting or never hit, speculative
+decoding that is not accepted."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ from ..condition import Condition, Threshold
 from ..judge import Judge, Term
 
 
-def _prefix_cache_ineffective(j: Judge) -> Term:
+def _prefix_cache_in_use(j: Judge) -> Term:
+    """Prefix caching on and looked up: holds, or the term that says why not."""
     enabled = j.value("prefix_caching_enabled")
     on = j.fact(None if enabled is None else enabled > 0, f"prefix caching is {'on' if enabled else 'off'}", "prefix_caching_enabled", enabled)
     if on.holds is not True:
         return on
-    queried = j.compare("prefix_cache_queries_per_second", ">", "queries_per_second_min", "prefix-cache queries per second")
-    if queried.holds is not True:
-        return queried
+    return j.compare("prefix_cache_queries_per_second", ">", "queries_per_second_min", "prefix-cache queries per second")
+
+
+def _prefix_cache_ineffective(j: Judge) -> Term:
+    in_use = _prefix_cache_in_use(j)
+    if in_use.holds is not True:
+        return in_use
     # Only a cache that has hit before and stopped hitting is ineffective; one that never hit serves
     # prompts that share no prefix (random or unique prompts), which is expected, not a fault.
     ever = j.value("prefix_cache_hits_since_start")
@@ -41,7 +46,7 @@ PREFIX_CACHE_INEFFECTIVE = Condition(
     next_actions=(
         "The cache hit before and stopped: KV pressure evicts the shared prefixes (see kv_cache_saturated), or the "
         "traffic changed (a new system prompt, a router that no longer keeps a user's requests on this replica).",
-        "Never judged on a cache that never hit: that is expected for unique prompts.",
+        "Never judged on a cache that never hit: feature_ineffective says that one (a shared prefix shorter than a block, or unique prompts).",
     ),
     predicate=_prefix_cache_ineffective,
     reads=(
@@ -98,4 +103,58 @@ SPEC_DECODE_INEFFECTIVE = Condition(
     ),
     for_seconds=120,
     clear_seconds=120,
+)
+
+
+def _feature_ineffective(j: Judge) -> Term:
+    in_use = _prefix_cache_in_use(j)
+    if in_use.holds is not True:
+        return in_use
+    # A cache that hit before and stopped is prefix_cache_ineffective's (eviction, changed traffic); this one never did.
+    never = j.compare("prefix_cache_hits_since_start", "<=", "hits_since_start_max", "prefix-cache hits (tokens) since vLLM started")
+    if never.holds is not True:
+        return never
+    j.cause = "prefix_caching"
+    block = j.signals.get("block_size_tokens")
+    size = f"{block:.0f}" if block is not None else "--block-size"
+    j.note(
+        f"vLLM caches whole blocks of {size} tokens: prompts that share fewer than {size} tokens from their start (a short system "
+        f"prompt) never hit, and unique prompts never do",
+        "block_size_tokens",
+        block,
+    )
+    prompt = j.signals.get("prompt_tokens_mean")
+    if prompt is not None:
+        j.note(f"prompts are {prompt:.0f} tokens long on average", "prompt_tokens_mean", prompt)
+    if block is not None and block > 16:
+        j.advise(f"--block-size 16 (now {block:.0f}): a shared prefix of 16 tokens or more is then cached, where the GPU backend allows it")
+    return never
+
+
+FEATURE_INEFFECTIVE = Condition(
+    id="feature_ineffective",
+    precedence=195,
+    layer="1",
+    severity="info",
+    summary="A feature vLLM was started with has no effect: prefix caching has never hit",
+    meaning=(
+        "Prefix caching is on and every prompt is looked up, but not one token has been served from the cache since vLLM "
+        "started. vLLM caches whole KV blocks: a prefix shared by the prompts but shorter than one block (--block-size) is "
+        "never reused, so the feature costs its hashing and saves nothing. Unique prompts give the same picture."
+    ),
+    next_actions=(
+        "cause=prefix_caching: Where the prompts share a system prompt or a document, make the shared part at least one "
+        "block: lower --block-size (16 on GPUs) or put more of what is shared at the start of the prompt.",
+        "cause=prefix_caching: Where the prompts share nothing, prefix caching cannot help: --no-enable-prefix-caching saves its bookkeeping.",
+    ),
+    predicate=_feature_ineffective,
+    reads=("prefix_cache_hits_since_start", "prefix_cache_queries_per_second", "prefix_caching_enabled", "block_size_tokens", "prompt_tokens_mean"),
+    thresholds=(
+        Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
+        Threshold("hits_since_start_max", 0.0, "prefix-cache hits since vLLM started at most this"),
+    ),
+    causes=("prefix_caching",),
+    for_seconds=300,
+    clear_seconds=60,
+    dont=("Do not turn prefix caching off before checking how long the shared part of the prompts is: one block more and it pays.",),
 )

@@ -1,0 +1,292 @@
+"""vLLM's performance envelope per configuration: what it delivered at each load, kept across vLLM's restarts (and the
+sidecar's own, in a state file), so that a change that made it slower is said with what changed and by how much
+(regression_after_change).
+
+A configuration is vLLM's command line (every flag, as the process source read it), its version and its cache config
+(less what vLLM computes at each start, such as the number of KV blocks). A restart that changes none of them goes on
+with the same envelope: a plain restart is never a change. Only what both sides of a comparison know is compared: a
+configuration read without the process view (no flags) is not "changed" by the flags appearing.
+
+Each tick adds one point: the requests in flight (running and waiting) over the last POINT_WINDOW_SECONDS, and per
+request in flight the output tokens per second, with the inter-token latency and the time to first token. A point is
+taken only over a window in which vLLM answered every scrape and did not restart. After a change, the newest
+COMPARED_POINTS of the new configuration are compared with the points of the configuration before it at a matched
+load (in flight within MATCH_TOLERANCE).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .discovery import Discovery
+from .model import VLLM_SOURCE
+from .scope import AGGREGATE_SCOPE
+from .signals.vllm import VLLM_SIGNALS
+from .signals.window import ServerFacts, compute_signals, window
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+POINT_WINDOW_SECONDS = 30.0
+POINTS_MAX = 1800  # per configuration: an hour of ticks at 2 s
+CONFIGURATIONS_MAX = 4  # the newest ones; a rollback finds its old envelope
+COMPARED_POINTS = 30  # the newest points of the configuration in force: its last minute at 2 s ticks
+MATCH_POINTS_MIN = 15  # on each side of a comparison
+MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
+SAVE_EVERY_SECONDS = 60.0
+STATE_VERSION = 1
+# cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
+COMPUTED_CACHE_LABELS = frozenset({"engine", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_max_concurrency", "kv_cache_size_tokens", "_block_size_resolved"})
+CHANGE_SIGNALS = (
+    "vllm_change_throughput_ratio",
+    "vllm_change_itl_ratio",
+    "vllm_change_ttft_ratio",
+    "vllm_change_load_requests",
+    "vllm_change_seconds",
+)
+_POINT_SIGNALS = tuple(
+    s
+    for s in VLLM_SIGNALS
+    if s.id in ("requests_running_mean", "requests_waiting_mean", "generation_tokens_per_second", "inter_token_latency_seconds_mean", "ttft_seconds_mean")
+)
+
+Identity = dict[str, str]  # "flag --max-num-seqs" / "version" / "cache block_size" -> value
+
+
+@dataclass(frozen=True)
+class Point:
+    at: float
+    in_flight: float
+    tokens_per_second_per_request: float
+    itl_seconds: float | None
+    ttft_seconds: float | None
+
+
+@dataclass
+class Configuration:
+    identity: Identity
+    first_seen: float
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=POINTS_MAX))
+
+
+def _kind(key: str) -> str:
+    return key.split(" ", 1)[0]
+
+
+def differences(before: Identity, after: Identity) -> list[str]:
+    """What changed from `before` to `after`, in words, over the kinds both know ("--enforce-eager added",
+    "--max-num-seqs 256 -> 8", "vLLM 0.25.1 -> 0.26.0")."""
+    common = {_kind(k) for k in before} & {_kind(k) for k in after}
+    said = []
+    for key in sorted({k for k in (*before, *after) if _kind(k) in common}):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        kind, _, name = key.partition(" ")
+        what = {"flag": name, "version": "vLLM", "cache": f"cache config {name}"}[kind]
+        if old is None:
+            said.append(f"{what} added" + (f" ({new})" if new else ""))
+        elif new is None:
+            said.append(f"{what} removed" + (f" (was {old})" if old else ""))
+        else:
+            said.append(f"{what} {old or '(set)'} -> {new or '(set)'}")
+    return said
+
+
+def identity_of(store: Store, discovery: Discovery) -> Identity | None:
+    """The configuration vLLM serves with now, from what the sources read; None while vLLM does not answer."""
+    latest = store.latest(VLLM_SOURCE)
+    if latest is None or not latest.ok:
+        return None
+    identity: Identity = {}
+    if discovery.vllm_version:
+        identity["version"] = discovery.vllm_version
+    flags = discovery.api_server_flags or {f"--{k.replace('_', '-')}": "" if v is True else str(v) for k, v in discovery.api_server_args.items()}
+    identity.update({f"flag {name}": value for name, value in flags.items()})
+    for (name, labels), _ in latest.samples.items():
+        if name == "vllm:cache_config_info":
+            identity.update({f"cache {k}": v for k, v in labels if k not in COMPUTED_CACHE_LABELS})
+            break
+    return identity
+
+
+class Envelope:
+    def __init__(self, path: str | None = None) -> None:
+        self.path = Path(path) if path else None
+        self.configurations: list[Configuration] = []  # oldest first; the last is in force
+        self.changed_at: float | None = None  # when the configuration in force was first seen after another
+        self.clean_since = math.inf  # the windows after this hold no outage and no restart
+        self._api_server_pid: int | None = None
+        self._saved_at = -math.inf
+        self._unwritable = False
+        if self.path is not None:
+            self._load()
+
+    # ---------------------------------------------------------------- per tick
+
+    def observe(self, store: Store, discovery: Discovery, now: float) -> None:
+        latest = store.latest(VLLM_SOURCE)
+        pid = next((p["pid"] for p in discovery.processes if p.get("role") == "api_server"), None)
+        restarted = pid is not None and self._api_server_pid is not None and pid != self._api_server_pid
+        self._api_server_pid = pid if pid is not None else self._api_server_pid
+        identity = identity_of(store, discovery)
+        if latest is None or not latest.ok or identity is None or restarted:
+            self.clean_since = math.inf
+            return
+        if self.clean_since == math.inf:
+            self.clean_since = now
+        self._in_force(identity, now)
+        if now - POINT_WINDOW_SECONDS >= self.clean_since:
+            point = self._point(store, now)
+            if point is not None:
+                self.configurations[-1].points.append(point)
+        if self.path is not None and now - self._saved_at >= SAVE_EVERY_SECONDS:
+            self._saved_at = now
+            self.save()
+
+    def _in_force(self, identity: Identity, now: float) -> None:
+        current = self.configurations[-1] if self.configurations else None
+        if current is not None and not differences(current.identity, identity):
+            current.identity.update(identity)  # a kind read now that was not before (the process view came)
+            return
+        known = next((c for c in self.configurations if not differences(c.identity, identity)), None)
+        if known is not None:  # a rollback: its envelope goes on
+            self.configurations.remove(known)
+            known.identity.update(identity)
+        self.configurations.append(known or Configuration(dict(identity), now))
+        del self.configurations[:-CONFIGURATIONS_MAX]
+        if current is not None:
+            self.changed_at = now
+            log.info("vLLM's configuration changed: %s", "; ".join(differences(current.identity, identity)))
+
+    @staticmethod
+    def _point(store: Store, now: float) -> Point | None:
+        values = compute_signals(window(store, VLLM_SOURCE, now, POINT_WINDOW_SECONDS), AGGREGATE_SCOPE, ServerFacts(), _POINT_SIGNALS)
+        running, waiting, tokens = values["requests_running_mean"], values["requests_waiting_mean"], values["generation_tokens_per_second"]
+        if running is None or tokens is None:
+            return None
+        in_flight = running + (waiting or 0.0)
+        if in_flight < 1.0:
+            return None  # idle: no load to match
+        return Point(now, in_flight, tokens / in_flight, values["inter_token_latency_seconds_mean"], values["ttft_seconds_mean"])
+
+    # ---------------------------------------------------------------- what the judge reads
+
+    def signals(self, now: float) -> dict[str, float | None]:
+        values: dict[str, float | None] = dict.fromkeys(CHANGE_SIGNALS)
+        if self.changed_at is not None and len(self.configurations) >= 2:
+            values["vllm_change_seconds"] = max(0.0, now - self.changed_at)
+        found = self.comparison()
+        if found is not None:
+            keys = ("vllm_change_load_requests", "vllm_change_throughput_ratio", "vllm_change_itl_ratio", "vllm_change_ttft_ratio")
+            values.update(zip(keys, found, strict=True))
+        return values
+
+    def comparison(self) -> tuple[float, float, float | None, float | None] | None:
+        """(the matched load, and after / before at it: output tokens per second per request in flight, ITL, TTFT), or
+        None where no change was seen or the two do not share a load yet."""
+        if self.changed_at is None or len(self.configurations) < 2:
+            return None
+        after = [p for p in self.configurations[-1].points if p.at >= self.changed_at][-COMPARED_POINTS:]
+        if len(after) < MATCH_POINTS_MIN:
+            return None
+        load = statistics.median(p.in_flight for p in after)
+        before = [p for p in self.configurations[-2].points if abs(p.in_flight - load) <= MATCH_TOLERANCE * load]
+        if len(before) < MATCH_POINTS_MIN:
+            return None
+
+        def ratio(pick: Any) -> float | None:
+            new, old = [v for p in after if (v := pick(p)) is not None], [v for p in before if (v := pick(p)) is not None]
+            if len(new) < MATCH_POINTS_MIN or len(old) < MATCH_POINTS_MIN or statistics.median(old) <= 0:
+                return None
+            return float(statistics.median(new) / statistics.median(old))
+
+        throughput = ratio(lambda p: p.tokens_per_second_per_request)
+        if throughput is None:
+            return None
+        return load, throughput, ratio(lambda p: p.itl_seconds), ratio(lambda p: p.ttft_seconds)
+
+    def notes(self) -> tuple[str, ...]:
+        """What changed, when, and what the sidecar compared, for the verdict's evidence."""
+        if self.changed_at is None or len(self.configurations) < 2:
+            kept = f"kept in {self.path}" if self.path else "kept in memory only: a change made while the sidecar restarts (a pod's rollout) is not seen"
+            return (f"no change of vLLM's configuration seen; its envelope is {kept}",)
+        before, after = self.configurations[-2], self.configurations[-1]
+        changed = "; ".join(differences(before.identity, after.identity)) or "a configuration the sidecar cannot tell apart"
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.changed_at))
+        shown = [f"changed at {at}: {changed}"]
+        found = self.comparison()
+        if found is not None:
+            load, _, _, _ = found
+            matched = [p for p in before.points if abs(p.in_flight - load) <= MATCH_TOLERANCE * load]
+            new = [p for p in after.points if p.at >= self.changed_at][-COMPARED_POINTS:]
+            shown.append(
+                f"at {load:.1f} requests in flight: {statistics.median(p.tokens_per_second_per_request for p in new):.2f} output tokens per second "
+                f"per request after the change, {statistics.median(p.tokens_per_second_per_request for p in matched):.2f} before "
+                f"({len(matched)} points before it at that load, the newest {len(new)} after)"
+            )
+        return tuple(shown)
+
+    # ---------------------------------------------------------------- across the sidecar's restarts
+
+    def save(self) -> None:
+        """Into the state file, where one is set (every SAVE_EVERY_SECONDS, and when the sidecar stops)."""
+        if self.path is None:
+            return
+        state = {
+            "version": STATE_VERSION,
+            "changed_at": self.changed_at,
+            "configurations": [{"identity": c.identity, "first_seen": c.first_seen, "points": [_row(p) for p in c.points]} for c in self.configurations],
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=".envelope-", delete=False) as out:
+                json.dump(state, out)
+            os.replace(out.name, self.path)
+            self._unwritable = False
+        except OSError as error:
+            if not self._unwritable:  # said once, not every minute
+                log.warning("cannot write vLLM's envelope to %s (%s): it is kept in memory only until it can", self.path, error)
+            self._unwritable = True
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            state = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            log.info("no envelope in %s yet: it starts now", self.path)
+            return
+        except (OSError, ValueError) as error:
+            log.warning("vLLM's envelope in %s cannot be read (%s): it starts again now", self.path, error)
+            return
+        try:
+            if state.get("version") != STATE_VERSION:
+                raise ValueError(f"state version {state.get('version')!r}, not {STATE_VERSION}")
+            configurations = []
+            for c in state["configurations"][-CONFIGURATIONS_MAX:]:
+                identity = {str(k): str(v) for k, v in dict(c["identity"]).items()}
+                points = deque((Point(float(a), float(n), float(t), _number(i), _number(f)) for a, n, t, i, f in c["points"][-POINTS_MAX:]), maxlen=POINTS_MAX)
+                configurations.append(Configuration(identity, float(c["first_seen"]), points))
+            changed_at = state.get("changed_at")
+            self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)
+            log.info("vLLM's envelope read from %s: %d configurations", self.path, len(configurations))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            log.warning("vLLM's envelope in %s is not one this sidecar wrote (%s): it starts again now", self.path, error)
+
+
+def _row(point: Point) -> list[float | None]:
+    return [point.at, point.in_flight, point.tokens_per_second_per_request, point.itl_seconds, point.ttft_seconds]
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,86 @@
+"""vLLM's envelope per configuration (envelope.py): what a change is told by, a restart that changes nothing, and a
+state file that is garbage or cannot be written. The readings are the real eager_change capture's (a 1B model on an
+H100 under 32 clients with CUDA graphs, then relaunched with --enforce-eager)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from vllm_triage.capture import read_readings
+from vllm_triage.config import load
+from vllm_triage.envelope import Envelope, differences
+from vllm_triage.model import Reading
+from vllm_triage.pipeline import Pipeline
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CAPTURE = DATA / "real-vllm-h100-eager_change.jsonl.gz"
+MARKS = {name: at for name, at in json.loads((DATA / "real-vllm-h100-eager_change.json").read_text())}
+
+
+def graphs_half() -> list[Reading]:
+    return [r for r in read_readings(str(CAPTURE)) if r.timestamp < MARKS["relaunch"]]
+
+
+def state_of(snapshot) -> str:
+    return next(v.state for v in snapshot.verdicts if v.condition == "regression_after_change")
+
+
+def regression_states(readings: list[Reading], envelope_file: Path | None = None) -> set[str]:
+    config = load(env={}, flags={"envelope_file": str(envelope_file)} if envelope_file else {})
+    pipeline = Pipeline(config)
+    states: set[str] = set()
+    pipeline.replay(readings, lambda s: states.add(state_of(s)))
+    return states
+
+
+def test_what_changed_is_said_over_what_both_sides_know():
+    before = {"version": "0.26.0", "flag --max-num-seqs": "256", "flag --port": "8000", "cache block_size": "16"}
+    after = {"version": "0.26.1", "flag --max-num-seqs": "8", "flag --enforce-eager": "", "cache block_size": "16"}
+    assert differences(before, after) == ["--enforce-eager added", "--max-num-seqs 256 -> 8", "--port removed (was 8000)", "vLLM 0.26.0 -> 0.26.1"]
+    # read without the process view on one side: its flags are not a change, its version still is
+    assert differences({"version": "0.26.0", "cache block_size": "16"}, after) == ["vLLM 0.26.0 -> 0.26.1"]
+    assert differences(before, dict(before)) == []
+
+
+def test_a_restart_that_changes_nothing_goes_on_with_the_same_envelope():
+    """The graphs half twice, with 40 s of vLLM not answering between (a plain restart, the same flags): one
+    configuration, no change, no verdict."""
+    first = graphs_half()
+    shift = first[-1].timestamp - first[0].timestamp + 40
+    down = [Reading("vllm", first[-1].timestamp + t, False, error="connection refused", error_reason="connect") for t in range(2, 40, 2)]
+    again = [dataclasses.replace(r, timestamp=r.timestamp + shift) for r in first]
+    pipeline = Pipeline(load(env={}))
+    states: set[str] = set()
+    pipeline.replay(
+        sorted(first + down + again, key=lambda r: r.timestamp),
+        lambda s: states.add(next(v.state for v in s.verdicts if v.condition == "regression_after_change")),
+    )
+    assert "active" not in states
+    assert len(pipeline.envelope.configurations) == 1 and pipeline.envelope.changed_at is None
+
+
+def test_a_garbled_state_file_is_said_and_the_envelope_starts_again(tmp_path, caplog):
+    state = tmp_path / "envelope.json"
+    for garbage in ("{not json", json.dumps({"version": 1, "configurations": [{"identity": {}, "first_seen": "x", "points": []}]}), json.dumps([1, 2])):
+        state.write_text(garbage)
+        with caplog.at_level(logging.WARNING, logger="vllm_triage.envelope"):
+            envelope = Envelope(str(state))
+        assert envelope.configurations == [] and envelope.changed_at is None
+        assert str(state) in caplog.text and "starts again now" in caplog.text
+        caplog.clear()
+    # and the sidecar judges on, writing a good one over it
+    states = regression_states(graphs_half(), state)
+    assert "inactive" in states and "active" not in states
+    assert json.loads(state.read_text())["configurations"]
+
+
+def test_a_state_file_that_cannot_be_written_is_said_and_judging_goes_on(tmp_path, caplog):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the envelope's folder should be")
+    with caplog.at_level(logging.WARNING, logger="vllm_triage.envelope"):
+        states = regression_states(graphs_half(), blocked / "envelope.json")
+    assert "inactive" in states and "active" not in states
+    assert caplog.text.count("cannot write vLLM's envelope") == 1 and "kept in memory only" in caplog.text
