@@ -26,8 +26,9 @@ test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-
 # lint, types and the unit tests: the loop while changing code
 test-fast: lint typecheck unit
 
-# The integration tests no real vLLM of their own drives (test-rest runs them).
-NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py \
+# The integration tests test-rest runs beside the unit tests: those no real vLLM drives, and test_rollout (its own
+# vLLM, restarted twice: ~5 min), so that the two lanes take about as long.
+NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_rollout.py \
 	tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
 
 test-vllm:

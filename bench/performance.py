@@ -30,8 +30,8 @@ BENCHES = (
     ("bench.many_gpus", "What each watched GPU adds to a tick and to `/metrics`, replaying the demo capture with its GPU readings copied."),
     (
         "bench.detection_latency",
-        "The default settings replaying the demo capture and the flagship regimes' captures (a real vLLM 0.26.0 on an H200): CPU per tick, "
-        "and when each verdict changes in each phase.",
+        "The default settings replaying the demo capture and the flagship regimes' captures (a real vLLM 0.26.0 on an H200; "
+        "gpu_shared and eager_change on an H100): CPU per tick, and when each verdict changes in each phase.",
     ),
 )
 
