@@ -11,7 +11,8 @@ Each tick adds one point: the requests in flight (running and waiting) over the 
 request in flight the output tokens per second, with the inter-token latency and the time to first token. A point is
 taken only over a window in which vLLM answered every scrape and did not restart. After a change, the newest
 COMPARED_POINTS of the new configuration are compared with the points of the configuration before it at a matched
-load (in flight within MATCH_TOLERANCE).
+load (in flight within MATCH_TOLERANCE, prompts of about the same length: traffic that changed with the configuration
+is not blamed on it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CONFIGURATIONS_MAX = 4  # the newest ones; a rollback finds its old envelope
 COMPARED_POINTS = 30  # the newest points of the configuration in force: its last minute at 2 s ticks
 MATCH_POINTS_MIN = 15  # on each side of a comparison
 MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
+PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer prompt alone slows each request
 SAVE_EVERY_SECONDS = 60.0
 STATE_VERSION = 1
 # cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
@@ -57,7 +59,15 @@ CHANGE_SIGNALS = (
 _POINT_SIGNALS = tuple(
     s
     for s in VLLM_SIGNALS
-    if s.id in ("requests_running_mean", "requests_waiting_mean", "generation_tokens_per_second", "inter_token_latency_seconds_mean", "ttft_seconds_mean")
+    if s.id
+    in (
+        "requests_running_mean",
+        "requests_waiting_mean",
+        "generation_tokens_per_second",
+        "inter_token_latency_seconds_mean",
+        "ttft_seconds_mean",
+        "prompt_tokens_mean",
+    )
 )
 
 Identity = dict[str, str]  # "flag --max-num-seqs" / "version" / "cache block_size" -> value
@@ -70,6 +80,7 @@ class Point:
     tokens_per_second_per_request: float
     itl_seconds: float | None
     ttft_seconds: float | None
+    prompt_tokens: float | None = None  # mean of the requests finished in the window
 
 
 @dataclass
@@ -178,7 +189,7 @@ class Envelope:
         in_flight = running + (waiting or 0.0)
         if in_flight < 1.0:
             return None  # idle: no load to match
-        return Point(now, in_flight, tokens / in_flight, values["inter_token_latency_seconds_mean"], values["ttft_seconds_mean"])
+        return Point(now, in_flight, tokens / in_flight, values["inter_token_latency_seconds_mean"], values["ttft_seconds_mean"], values["prompt_tokens_mean"])
 
     # ---------------------------------------------------------------- what the judge reads
 
@@ -192,8 +203,8 @@ class Envelope:
             values.update(zip(keys, found, strict=True))
         return values
 
-    def comparison(self) -> tuple[float, float, float | None, float | None] | None:
-        """(the matched load, and after / before at it: output tokens per second per request in flight, ITL, TTFT), or
+    def matched(self) -> tuple[list[Point], list[Point], float] | None:
+        """(the newest points after the change, the points before it at their load and prompt length, that load), or
         None where no change was seen or the two do not share a load yet."""
         if self.changed_at is None or len(self.configurations) < 2:
             return None
@@ -201,9 +212,23 @@ class Envelope:
         if len(after) < MATCH_POINTS_MIN:
             return None
         load = statistics.median(p.in_flight for p in after)
-        before = [p for p in self.configurations[-2].points if abs(p.in_flight - load) <= MATCH_TOLERANCE * load]
-        if len(before) < MATCH_POINTS_MIN:
+        prompts = [p.prompt_tokens for p in after if p.prompt_tokens is not None]
+        prompt = statistics.median(prompts) if prompts else None
+
+        def alike(p: Point) -> bool:
+            same_load = abs(p.in_flight - load) <= MATCH_TOLERANCE * load
+            return same_load and (prompt is None or (p.prompt_tokens is not None and abs(p.prompt_tokens - prompt) <= PROMPT_TOLERANCE * prompt))
+
+        before = [p for p in self.configurations[-2].points if alike(p)]
+        return (after, before, load) if len(before) >= MATCH_POINTS_MIN else None
+
+    def comparison(self) -> tuple[float, float, float | None, float | None] | None:
+        """(the matched load, and after / before at it: output tokens per second per request in flight, ITL, TTFT), or
+        None where there is nothing to compare yet."""
+        found = self.matched()
+        if found is None:
             return None
+        after, before, load = found
 
         def ratio(pick: Any) -> float | None:
             new, old = [v for p in after if (v := pick(p)) is not None], [v for p in before if (v := pick(p)) is not None]
@@ -225,15 +250,13 @@ class Envelope:
         changed = "; ".join(differences(before.identity, after.identity)) or "a configuration the sidecar cannot tell apart"
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.changed_at))
         shown = [f"changed at {at}: {changed}"]
-        found = self.comparison()
+        found = self.matched()
         if found is not None:
-            load, _, _, _ = found
-            matched = [p for p in before.points if abs(p.in_flight - load) <= MATCH_TOLERANCE * load]
-            new = [p for p in after.points if p.at >= self.changed_at][-COMPARED_POINTS:]
+            new, matched, load = found
             shown.append(
                 f"at {load:.1f} requests in flight: {statistics.median(p.tokens_per_second_per_request for p in new):.2f} output tokens per second "
                 f"per request after the change, {statistics.median(p.tokens_per_second_per_request for p in matched):.2f} before "
-                f"({len(matched)} points before it at that load, the newest {len(new)} after)"
+                f"({len(matched)} points before it at that load and prompt length, the newest {len(new)} after)"
             )
         return tuple(shown)
 
@@ -275,7 +298,7 @@ class Envelope:
             configurations = []
             for c in state["configurations"][-CONFIGURATIONS_MAX:]:
                 identity = {str(k): str(v) for k, v in dict(c["identity"]).items()}
-                points = deque((Point(float(a), float(n), float(t), _number(i), _number(f)) for a, n, t, i, f in c["points"][-POINTS_MAX:]), maxlen=POINTS_MAX)
+                points = deque((Point(float(a), float(n), float(t), *map(_number, rest)) for a, n, t, *rest in c["points"][-POINTS_MAX:]), maxlen=POINTS_MAX)
                 configurations.append(Configuration(identity, float(c["first_seen"]), points))
             changed_at = state.get("changed_at")
             self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)
@@ -285,7 +308,7 @@ class Envelope:
 
 
 def _row(point: Point) -> list[float | None]:
-    return [point.at, point.in_flight, point.tokens_per_second_per_request, point.itl_seconds, point.ttft_seconds]
+    return [point.at, point.in_flight, point.tokens_per_second_per_request, point.itl_seconds, point.ttft_seconds, point.prompt_tokens]
 
 
 def _number(value: Any) -> float | None:

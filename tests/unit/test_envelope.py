@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
-from vllm_triage.envelope import Envelope, differences
+from vllm_triage.envelope import Configuration, Envelope, Point, differences
 from vllm_triage.model import Reading
 from vllm_triage.pipeline import Pipeline
 
@@ -84,3 +84,20 @@ def test_a_state_file_that_cannot_be_written_is_said_and_judging_goes_on(tmp_pat
         states = regression_states(graphs_half(), blocked / "envelope.json")
     assert "inactive" in states and "active" not in states
     assert caplog.text.count("cannot write vLLM's envelope") == 1 and "kept in memory only" in caplog.text
+
+
+def test_only_the_same_load_and_prompt_length_are_compared():
+    """Traffic that changed with the configuration is not blamed on it: after a change, prompts four times as long (each
+    request slower for that alone) match nothing before it, and a different number of requests in flight neither."""
+    envelope = Envelope()
+    envelope.configurations = [Configuration({"flag --max-num-seqs": "8"}, 0.0), Configuration({"flag --max-num-seqs": "2"}, 100.0)]
+    envelope.changed_at = 100.0
+    envelope.configurations[0].points.extend(Point(t, 16.0, 10.0, 0.05, 0.5, 200.0) for t in range(40))
+    envelope.configurations[1].points.extend(Point(100.0 + t, 16.0, 4.0, 0.05, 0.5, 800.0) for t in range(40))
+    assert envelope.comparison() is None
+    envelope.configurations[1].points.clear()
+    envelope.configurations[1].points.extend(Point(100.0 + t, 40.0, 4.0, 0.05, 0.5, 200.0) for t in range(40))
+    assert envelope.comparison() is None
+    envelope.configurations[1].points.clear()
+    envelope.configurations[1].points.extend(Point(100.0 + t, 17.0, 4.0, 0.05, 0.5, 220.0) for t in range(40))
+    assert envelope.comparison() == (17.0, 0.4, 1.0, 1.0)

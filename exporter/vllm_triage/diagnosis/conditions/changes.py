@@ -74,6 +74,7 @@ REGRESSION_AFTER_CHANGE = Condition(
     notes=("change",),
     dont=(
         "Do not compare throughput before and after a change at different loads: fewer requests in flight give each one "
-        "more tokens per second; the envelope compares only points within 20 % of the same load.",
+        "more tokens per second, longer prompts fewer; the envelope compares only points within 20 % of the same load and 30 % "
+        "of the same prompt length.",
     ),
 )
