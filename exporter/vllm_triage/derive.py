@@ -113,10 +113,10 @@ class Derived:
             self._group_cache[(scope, window)] = compute_signals(self._view(GPU_SOURCE, window), scope, self.discovery.facts(), spec.signals)
         return self._group_cache[(scope, window)]
 
-    def inputs(self, wants: Wants, stuck: tuple[tuple[str, str, str], ...] = (), change: tuple[str, ...] = ()) -> TickInputs:
+    def inputs(self, wants: Wants, stuck: tuple[tuple[str, str, str], ...] = (), change: tuple[str, ...] = (), usual: tuple[str, ...] = ()) -> TickInputs:
         """The judge's values: each (scope kind, window) it wants, computed now, the discovery notes it names, where
-        the stack dumps taken for active verdicts found processes waiting (role, place, frame), and what the last change
-        of vLLM's configuration was (envelope.py)."""
+        the stack dumps taken for active verdicts found processes waiting (role, place, frame), what the last change
+        of vLLM's configuration was and what vLLM delivers now against its usual (envelope.py)."""
         scoped = {
             (kind, window): self.signals_for(GPU_SOURCE, window) if kind == "gpu" else self.engine_scoped(window) for kind, window in sorted(wants.scoped)
         }
@@ -130,6 +130,7 @@ class Derived:
             stuck if "stuck" in wants.notes else (),
             tuple(found.foreign_gpu_notes()) if "foreign_gpu" in wants.notes else (),
             change if "change" in wants.notes else (),
+            usual if "usual" in wants.notes else (),
         )
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 

@@ -46,6 +46,7 @@ MATCH_POINTS_MIN = 15  # on each side of a comparison
 MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
 PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer prompt alone slows each request
 SAVE_EVERY_SECONDS = 60.0
+USUAL_AGE_SECONDS = POINT_WINDOW_SECONDS  # "usual": the points whose windows end before the newest one begins
 STATE_VERSION = 1
 # cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
 COMPUTED_CACHE_LABELS = frozenset({"engine", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_max_concurrency", "kv_cache_size_tokens", "_block_size_resolved"})
@@ -214,12 +215,7 @@ class Envelope:
         load = statistics.median(p.in_flight for p in after)
         prompts = [p.prompt_tokens for p in after if p.prompt_tokens is not None]
         prompt = statistics.median(prompts) if prompts else None
-
-        def alike(p: Point) -> bool:
-            same_load = abs(p.in_flight - load) <= MATCH_TOLERANCE * load
-            return same_load and (prompt is None or (p.prompt_tokens is not None and abs(p.prompt_tokens - prompt) <= PROMPT_TOLERANCE * prompt))
-
-        before = [p for p in self.configurations[-2].points if alike(p)]
+        before = [p for p in self.configurations[-2].points if _alike(p, load, prompt)]
         return (after, before, load) if len(before) >= MATCH_POINTS_MIN else None
 
     def comparison(self) -> tuple[float, float, float | None, float | None] | None:
@@ -240,6 +236,35 @@ class Envelope:
         if throughput is None:
             return None
         return load, throughput, ratio(lambda p: p.itl_seconds), ratio(lambda p: p.ttft_seconds)
+
+    def against_usual(self, now: float) -> tuple[float, float, float | None] | None:
+        """(load, and now / usual at it: output tokens per second per request in flight, ITL): this tick's point against
+        the points of the same configuration at least USUAL_AGE_SECONDS older at its load and prompt length; None
+        without a point now or enough of them."""
+        points = self.configurations[-1].points if self.configurations else ()
+        if not points or points[-1].at != now:
+            return None
+        newest = points[-1]
+        usual = [p for p in points if p.at <= now - USUAL_AGE_SECONDS and _alike(p, newest.in_flight, newest.prompt_tokens)]
+        if len(usual) < MATCH_POINTS_MIN:
+            return None
+        throughput = statistics.median(p.tokens_per_second_per_request for p in usual)
+        itls = [p.itl_seconds for p in usual if p.itl_seconds is not None]
+        itl = newest.itl_seconds / statistics.median(itls) if itls and newest.itl_seconds is not None and statistics.median(itls) > 0 else None
+        return newest.in_flight, newest.tokens_per_second_per_request / throughput if throughput > 0 else math.inf, itl
+
+    def usual_notes(self, now: float) -> tuple[str, ...]:
+        """What vLLM delivers now against what this configuration usually gives at the same load (what another program
+        on its GPU costs it)."""
+        found = self.against_usual(now)
+        if found is None:
+            return ()
+        load, throughput, itl = found
+        itl_text = f"inter-token latency {itl:.2f}x and " if itl is not None else ""
+        return (
+            f"vLLM now: {itl_text}output tokens per second per request {throughput:.2f}x what this configuration usually gives at {load:.0f} "
+            f"requests in flight (the last {POINT_WINDOW_SECONDS:.0f} s against its envelope)",
+        )
 
     def notes(self) -> tuple[str, ...]:
         """What changed, when, and what the sidecar compared, for the verdict's evidence."""
@@ -305,6 +330,13 @@ class Envelope:
             log.info("vLLM's envelope read from %s: %d configurations", self.path, len(configurations))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             log.warning("vLLM's envelope in %s is not one this sidecar wrote (%s): it starts again now", self.path, error)
+
+
+def _alike(point: Point, load: float, prompt: float | None) -> bool:
+    """At `load` requests in flight (within MATCH_TOLERANCE) and of `prompt` tokens (within PROMPT_TOLERANCE; any where
+    unknown)."""
+    same_load = abs(point.in_flight - load) <= MATCH_TOLERANCE * load
+    return same_load and (prompt is None or (point.prompt_tokens is not None and abs(point.prompt_tokens - prompt) <= PROMPT_TOLERANCE * prompt))
 
 
 def _row(point: Point) -> list[float | None]:

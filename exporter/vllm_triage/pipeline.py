@@ -91,11 +91,12 @@ def evaluate(
     active verdicts, shown in /diagnosis)."""
     derived = derive(store, now, derive_settings or DeriveSettings())
     change: tuple[str, ...] = ()
+    usual: tuple[str, ...] = ()
     if envelope is not None:
         envelope.observe(store, derived.discovery, now)
         derived.global_signals.update(envelope.signals(now))
-        change = envelope.notes()
-    judgement = engine.judge(derived.inputs(engine.wants(), stuck, change))
+        change, usual = envelope.notes(), envelope.usual_notes(now)
+    judgement = engine.judge(derived.inputs(engine.wants(), stuck, change, usual))
     return Snapshot(
         timestamp=now,
         signals=derived.shown(engine.window_seconds),

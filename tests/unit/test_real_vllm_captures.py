@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -421,7 +422,8 @@ def test_another_program_computing_on_vllms_gpu_is_gpu_shared_within_30_s_naming
     """Default settings. The truth written before the gpu_shared run: the other program holds a CUDA context and 1 GiB
     for 30 s without a kernel (NVML lists it: no gpu_shared), then runs bf16 matmuls: gpu_shared within 30 s, the
     primary verdict, naming its pid, its GPU memory and its share of the SM time (NVML's per-process samples, well
-    above zero), vLLM's own processes not counted; none before it computes, cleared within 30 s of its exit."""
+    above zero), vLLM's own processes not counted, and the ITL change it costs; none before it computes, cleared within
+    30 s of its exit."""
     marks = marks_of("gpu_shared")
     started, computing, ended = marks["foreign_started"], marks["foreign_computing"], marks["foreign_ended"]
     snapshots = replayed("gpu_shared", load(env={}))
@@ -434,6 +436,10 @@ def test_another_program_computing_on_vllms_gpu_is_gpu_shared_within_30_s_naming
     assert any(t.startswith("vLLM's processes ran ") for t in texts), texts
     assert first.primary == "gpu_shared"
     assert all(verdict(s, "gpu_shared").active for s in snapshots if first.timestamp <= s.timestamp <= ended)
+    # what it costs vLLM, against the envelope of the minute before it computed at the same load: ITL 1.5-1.7x
+    costs = [t for s in snapshots if verdict(s, "gpu_shared").active for e in verdict(s, "gpu_shared").evidence if (t := e.text).startswith("vLLM now: ")]
+    assert costs, "no cost said"
+    assert max(float(re.search(r"inter-token latency ([0-9.]+)x", t).group(1)) for t in costs) >= 1.3, costs
     holding = [s for s in snapshots if started + 12 <= s.timestamp <= computing]  # listed by NVML, no kernel of its own
     assert holding and not [s.timestamp for s in holding if verdict(s, "gpu_shared").active]
     assert not [s.timestamp for s in snapshots if (s.timestamp < computing or s.timestamp > ended + 30) and verdict(s, "gpu_shared").active]

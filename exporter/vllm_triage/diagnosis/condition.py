@@ -59,7 +59,7 @@ class Condition:
     # server and the GPU memory they hold, while it holds), "lost_ranks" (workers gone while their engine core runs on),
     # "stuck" (where the stack dump of its current activation found a process waiting: Judge.stuck), "foreign_gpu" (other
     # programs computing on the scope's GPU: their pids and memory), "change" (the last change of vLLM's configuration
-    # and what it cost: envelope.py).
+    # and what it cost: envelope.py), "usual" (vLLM's ITL and throughput now against its usual at the same load).
     notes: tuple[str, ...] = ()
     # The role whose Python stacks the daemon takes once when the verdict becomes active (py-spy dump): where it is stuck.
     stack_dump_role: str | None = None

@@ -276,6 +276,8 @@ class Engine:
             for on, text in notes.foreign_gpu if "foreign_gpu" in condition.notes else ():
                 if on == scope:
                     judge.note(text)
+            for text in notes.usual if "usual" in condition.notes else ():
+                judge.note(text)
             results.append((scope, condition.predicate(judge), judge))
         holding = [r for r in results if r[1].holds]
         if holding:

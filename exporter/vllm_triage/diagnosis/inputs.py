@@ -24,6 +24,7 @@ class Notes:
     stuck: tuple[tuple[str, str, str], ...] = ()  # (role, place, frame): where a process' stack dump found it waiting
     foreign_gpu: tuple[tuple[str, str], ...] = ()  # (GPU scope, text): other programs computing on a watched GPU
     change: tuple[str, ...] = ()  # the last change of vLLM's configuration and what it cost (envelope.py)
+    usual: tuple[str, ...] = ()  # what vLLM delivers now against its usual at the same load (envelope.py)
 
 
 @dataclass(frozen=True)

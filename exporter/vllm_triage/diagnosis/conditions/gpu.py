@@ -430,7 +430,7 @@ GPU_SHARED = Condition(
     sources=(GPU_SOURCE, PROCESS_SOURCE),
     scope_kind="gpu",
     contradicted=_no_other_program,
-    notes=("foreign_gpu",),
+    notes=("foreign_gpu", "usual"),
     dont=("Do not count vLLM's own helpers as other programs: a process vLLM started is part of vLLM, whatever its title.",),
 )
 
