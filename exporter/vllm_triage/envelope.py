@@ -45,7 +45,9 @@ COMPARED_POINTS = 30  # the newest points of the configuration in force: its las
 MATCH_POINTS_MIN = 15  # on each side of a comparison
 MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
 PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer prompt alone slows each request
-SAVE_EVERY_SECONDS = 60.0
+# A full envelope (4 configurations of an hour) takes ~35 ms to write, on the thread that evaluates and renders: it is
+# written every 5 minutes, at once when a change is seen, and when the sidecar stops.
+SAVE_EVERY_SECONDS = 300.0
 USUAL_AGE_SECONDS = POINT_WINDOW_SECONDS  # "usual": the points whose windows end before the newest one begins
 STATE_VERSION = 1
 # cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
@@ -71,6 +73,8 @@ _POINT_SIGNALS = tuple(
     )
 )
 
+# After a change: (its newest points, the points before it at their load and prompt length, that load).
+MATCH = tuple[list["Point"], list["Point"], float]
 Identity = dict[str, str]  # "flag --max-num-seqs" / "version" / "cache block_size" -> value
 
 
@@ -179,6 +183,7 @@ class Envelope:
         del self.configurations[:-CONFIGURATIONS_MAX]
         if current is not None:
             self.changed_at = now
+            self._saved_at = -math.inf  # what was before the change is kept at once
             log.info("vLLM's configuration changed: %s", "; ".join(differences(current.identity, identity)))
 
     @staticmethod
@@ -194,17 +199,24 @@ class Envelope:
 
     # ---------------------------------------------------------------- what the judge reads
 
-    def signals(self, now: float) -> dict[str, float | None]:
+    def judged(self, now: float, notes: frozenset[str]) -> tuple[dict[str, float | None], tuple[str, ...], tuple[str, ...]]:
+        """This tick's global signals, and the "change" and "usual" notes where a condition wants them (Condition.notes):
+        the match after a change is made once for both."""
+        matched = self.matched()
+        change = self.notes(matched) if "change" in notes else ()
+        return self.signals(now, matched), change, self.usual_notes(now) if "usual" in notes else ()
+
+    def signals(self, now: float, matched: MATCH | None = None) -> dict[str, float | None]:
         values: dict[str, float | None] = dict.fromkeys(CHANGE_SIGNALS)
         if self.changed_at is not None and len(self.configurations) >= 2:
             values["vllm_change_seconds"] = max(0.0, now - self.changed_at)
-        found = self.comparison()
+        found = self.comparison(matched)
         if found is not None:
             keys = ("vllm_change_load_requests", "vllm_change_throughput_ratio", "vllm_change_itl_ratio", "vllm_change_ttft_ratio")
             values.update(zip(keys, found, strict=True))
         return values
 
-    def matched(self) -> tuple[list[Point], list[Point], float] | None:
+    def matched(self) -> MATCH | None:
         """(the newest points after the change, the points before it at their load and prompt length, that load), or
         None where no change was seen or the two do not share a load yet."""
         if self.changed_at is None or len(self.configurations) < 2:
@@ -218,10 +230,10 @@ class Envelope:
         before = [p for p in self.configurations[-2].points if _alike(p, load, prompt)]
         return (after, before, load) if len(before) >= MATCH_POINTS_MIN else None
 
-    def comparison(self) -> tuple[float, float, float | None, float | None] | None:
+    def comparison(self, matched: MATCH | None = None) -> tuple[float, float, float | None, float | None] | None:
         """(the matched load, and after / before at it: output tokens per second per request in flight, ITL, TTFT), or
-        None where there is nothing to compare yet."""
-        found = self.matched()
+        None where there is nothing to compare yet (`matched`: this tick's, where made already)."""
+        found = matched or self.matched()
         if found is None:
             return None
         after, before, load = found
@@ -266,7 +278,7 @@ class Envelope:
             f"requests in flight (the last {POINT_WINDOW_SECONDS:.0f} s against its envelope)",
         )
 
-    def notes(self) -> tuple[str, ...]:
+    def notes(self, matched: MATCH | None = None) -> tuple[str, ...]:
         """What changed, when, and what the sidecar compared, for the verdict's evidence."""
         if self.changed_at is None or len(self.configurations) < 2:
             kept = f"kept in {self.path}" if self.path else "kept in memory only: a change made while the sidecar restarts (a pod's rollout) is not seen"
@@ -275,20 +287,21 @@ class Envelope:
         changed = "; ".join(differences(before.identity, after.identity)) or "a configuration the sidecar cannot tell apart"
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.changed_at))
         shown = [f"changed at {at}: {changed}"]
-        found = self.matched()
+        found = matched or self.matched()
         if found is not None:
-            new, matched, load = found
+            new, old, load = found
             shown.append(
                 f"at {load:.1f} requests in flight: {statistics.median(p.tokens_per_second_per_request for p in new):.2f} output tokens per second "
-                f"per request after the change, {statistics.median(p.tokens_per_second_per_request for p in matched):.2f} before "
-                f"({len(matched)} points before it at that load and prompt length, the newest {len(new)} after)"
+                f"per request after the change, {statistics.median(p.tokens_per_second_per_request for p in old):.2f} before "
+                f"({len(old)} points before it at that load and prompt length, the newest {len(new)} after)"
             )
         return tuple(shown)
 
     # ---------------------------------------------------------------- across the sidecar's restarts
 
     def save(self) -> None:
-        """Into the state file, where one is set (every SAVE_EVERY_SECONDS, and when the sidecar stops)."""
+        """Into the state file, where one is set (every SAVE_EVERY_SECONDS, when a change is seen, and when the sidecar
+        stops)."""
         if self.path is None:
             return
         state = {

@@ -90,13 +90,14 @@ def evaluate(
     vLLM's processes waiting: (role, place, frame)), and assemble the Snapshot (with the stack dumps taken for the
     active verdicts, shown in /diagnosis)."""
     derived = derive(store, now, derive_settings or DeriveSettings())
+    wants = engine.wants()
     change: tuple[str, ...] = ()
     usual: tuple[str, ...] = ()
     if envelope is not None:
         envelope.observe(store, derived.discovery, now)
-        derived.global_signals.update(envelope.signals(now))
-        change, usual = envelope.notes(), envelope.usual_notes(now)
-    judgement = engine.judge(derived.inputs(engine.wants(), stuck, change, usual))
+        signals, change, usual = envelope.judged(now, wants.notes)
+        derived.global_signals.update(signals)
+    judgement = engine.judge(derived.inputs(wants, stuck, change, usual))
     return Snapshot(
         timestamp=now,
         signals=derived.shown(engine.window_seconds),

@@ -591,6 +591,7 @@ def test_a_sidecar_restarted_by_the_rollout_keeps_the_envelope_before_it_in_its_
         pipeline = Pipeline(config)
         snapshots: list = []
         pipeline.replay(part, snapshots.append)
+        pipeline.envelope.save()  # as the daemon does when it stops
         return snapshots
 
     with_file = load(env={}, flags={"envelope_file": str(state)})
