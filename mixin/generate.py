@@ -13,11 +13,9 @@ from functools import partial
 from pathlib import Path
 
 import yaml
+from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, SourceEntry
 from vllm_triage.config import OPTIONS, config_schema
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE
-from vllm_triage.signals.gpu import GPU_SIGNALS
-from vllm_triage.signals.vllm import VLLM_SIGNALS
-from vllm_triage.signals.window import SignalDef
 
 from . import dashboards
 from . import rules as mixin
@@ -64,28 +62,52 @@ def reference_markdown() -> str:
     lines.append("|---|---|---|---|---|")
     for o in OPTIONS:
         lines.append(f"| `{o.key}` | `{o.flag}` | `{o.env}` | `{o.default}` | {o.help} |")
-    lines += _signal_table(
-        "Layer-1 signals",
-        "Exported per engine as `vllm_triage_vllm_<family>{engine,model_name,...}`, windowed over `window_seconds`;"
-        " the signal id is the key in `/diagnosis` → `signals`.",
-        "vllm_triage_vllm_",
-        VLLM_SIGNALS,
-    )
-    lines += _signal_table(
-        "GPU signals",
-        'Exported per GPU as `vllm_triage_gpu_window_<family>{gpu,...}`; in `/diagnosis` under `signals["gpu:<index>"]`,'
-        ' and averaged over the watched GPUs under `signals["gpu:all"]`.',
-        "vllm_triage_gpu_window_",
-        GPU_SIGNALS,
-    )
+    for entry in CATALOG:
+        lines += _signal_table(entry)
     return "\n".join(lines) + "\n"
 
 
-def _signal_table(title: str, intro: str, prefix: str, table: tuple[SignalDef, ...]) -> list[str]:
-    lines = ["", f"## {title}", "", intro, "", "| signal id | family | extra labels | meaning |", "|---|---|---|---|"]
-    for s in table:
+# Where each kind of scope is exported and shown: (the signal table's title, its introduction).
+_SCOPE_DOCS = {
+    "engine": (
+        "Layer-1 signals",
+        "Exported per engine as `{prefix}<family>{{engine,model_name,...}}`, windowed over `window_seconds`; the signal id is the key in "
+        "`/diagnosis` → `signals`.",
+    ),
+    "gpu": (
+        "GPU signals",
+        'Exported per GPU as `{prefix}<family>{{gpu,...}}`; in `/diagnosis` under `signals["gpu:<index>"]`, and averaged over the '
+        'watched GPUs under `signals["gpu:all"]`.',
+    ),
+    "host": (
+        "{name} signals",
+        "Exported once for vLLM's processes as `{prefix}<family>{{role,...}}` (role api_server | engine_core | worker); in `/diagnosis` "
+        'under `signals["host"]`.',
+    ),
+}
+_SOURCE_TITLES = {"process": "Process (psutil)", "gil": "GIL (py-spy)"}
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table's cell: a bare '|' would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def _signal_table(entry: SourceEntry) -> list[str]:
+    prefix = f"{EXPORTED_PREFIX}{entry.exported_as}"
+    title, intro = _SCOPE_DOCS[entry.scope_kind]
+    title = title.format(name=_SOURCE_TITLES.get(entry.name, entry.name))
+    lines = ["", f"## {title}", "", intro.format(prefix=prefix), ""]
+    if entry.lookback_seconds:
+        lines += [f"Its window is at least {entry.lookback_seconds:g} s: its readings come that far apart.", ""]
+    lines += ["| signal id | family | extra labels | meaning |", "|---|---|---|---|"]
+    for s in entry.signals:
         extra = ", ".join(f'{k}="{v}"' for k, v in s.extra_labels)
-        lines.append(f"| `{s.id}` | `{prefix}{s.family}` | {extra} | {s.help} |")
+        lines.append(f"| `{s.id}` | `{prefix}{s.family}` | {extra} | {_cell(s.help)} |")
+    if entry.latest_help:
+        lines += ["", f"Its last reading is exported as read (`{entry.latest_prefix}*`, like dcgm-exporter):", ""]
+        lines += ["| family | meaning |", "|---|---|"]
+        lines += [f"| `{EXPORTED_PREFIX}{family}` | {_cell(text)} |" for family, text in entry.latest_help.items()]
     return lines
 
 

@@ -362,17 +362,6 @@ class Config:
     def listen_port(self) -> int:
         return int(self.listen.rpartition(":")[2])
 
-    def stale_after(self) -> dict[str, float]:
-        """Per source: how long its readings stay evidence after it starts failing."""
-        intervals = {
-            "vllm": self.scrape_interval_seconds,
-            "process": self.process_interval_seconds,
-            "gpu": self.gpu_interval_seconds,
-            "gil": self.gil_interval_seconds,
-        }
-        configured = self.stale_after_seconds
-        return {name: configured if configured is not None else max(15.0, 3 * interval) for name, interval in intervals.items()}
-
     @property
     def vllm_url_shown(self) -> str:
         """vllm_url as logs, reports and /diagnosis show it (credentials and query values hidden)."""

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+from .catalog import CATALOG, CATALOG_BY_NAME
 from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
 from .envelope import CHANGE_SIGNALS
 from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth, make_labels
-from .registry import SOURCES, SOURCES_BY_NAME
 from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_group_scope, gpu_scope, parse_scope
 from .signals.window import WindowView, compute_signals
 from .signals.window import window as signals_window
@@ -71,7 +71,7 @@ class Derived:
     def signals_for(self, source: str, window: float) -> ScopedSignals:
         """scope -> signals for one source and window (at least its lookback), the aggregate under
         AGGREGATE_SCOPE."""
-        spec = SOURCES_BY_NAME[source]
+        spec = CATALOG_BY_NAME[source]
         window = max(window, spec.lookback_seconds)
         if (source, window) not in self._cache:
             view = self._view(source, window)
@@ -93,7 +93,7 @@ class Derived:
         data-parallel engines on GPUs, each engine's GPU signals are its own GPUs', not every GPU's."""
         beside: dict[str, float | None] = {}
         gpu_fresh = False
-        for spec in SOURCES:
+        for spec in CATALOG:
             if spec.scope_kind == "host" or (spec.scope_kind == "gpu" and self.fresh.get(spec.name)):
                 beside.update(self.signals_for(spec.name, window).get(AGGREGATE_SCOPE, {}))
                 gpu_fresh = gpu_fresh or spec.scope_kind == "gpu"
@@ -106,7 +106,7 @@ class Derived:
 
     def _gpu_group_signals(self, window: float, gpus: tuple[str, ...]) -> dict[str, float | None]:
         """The GPU signals over several GPUs (one engine's), as its aggregate would be over them alone."""
-        spec = SOURCES_BY_NAME[GPU_SOURCE]
+        spec = CATALOG_BY_NAME[GPU_SOURCE]
         window = max(window, spec.lookback_seconds)
         scope = gpu_group_scope(gpus)
         if (scope, window) not in self._group_cache:
@@ -135,14 +135,14 @@ class Derived:
         return TickInputs(self.now, self.health, self.fresh, self.global_signals, scoped, notes)
 
     def latest_exported(self) -> dict[str, dict[SeriesKey, float]]:
-        """The last ok reading of each source exported as read (SourceSpec.exports_latest)."""
-        return {spec.name: r.samples for spec in SOURCES if spec.exports_latest and (r := self.store.latest(spec.name)) is not None and r.ok}
+        """The last ok reading of each source exported as read (SourceEntry.exports_latest)."""
+        return {spec.name: r.samples for spec in CATALOG if spec.exports_latest and (r := self.store.latest(spec.name)) is not None and r.ok}
 
     def shown(self, window: float) -> ScopedSignals:
         """Snapshot.signals: each engine's and each GPU's (their aggregates as `all` and `gpu:all`), and
         the host's."""
         shown: ScopedSignals = {}
-        for spec in SOURCES:
+        for spec in CATALOG:
             per_scope = self.signals_for(spec.name, window)
             if spec.scope_kind == "host":
                 shown.setdefault(HOST_SCOPE, {}).update(per_scope.get(AGGREGATE_SCOPE, {}))

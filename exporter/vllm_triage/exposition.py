@@ -13,70 +13,20 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .catalog import CATALOG, LATEST_HELP
 from .cpu_account import CPU
 from .diagnosis.conditions import CONDITIONS_BY_ID, ConditionSettings
 from .model import SeriesKey, Snapshot
-from .registry import SOURCES
 from .scope import parse_scope
 
 PREFIX = "vllm_triage"
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
-LATEST_HELP = {
-    "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
-    "process_resident_memory_bytes": "Resident memory of a vLLM process.",
-    "process_threads": "Threads of a vLLM process.",
-    "process_start_time_seconds": "When a vLLM process started (Unix time): how long it has run, or loaded.",
-    "process_exits_total": "vLLM API server processes seen exiting since the sidecar started (a crash loop restarts it under new pids).",
-    "process_stopped": "1 when a vLLM process can run no code: stopped by a signal (SIGSTOP, a debugger) or a zombie.",
-    "process_busiest_thread_cpu_ratio": "The process's busiest thread since the previous sample, share of one core (1.0 = saturated).",
-    "process_thread_runqueue_wait_ratio": "Seconds per second the process's neediest thread waited runnable for a CPU (schedstat) since the previous sample.",
-    "process_thread_cpu_demand_ratio": "The process's neediest thread's CPU run plus waited for, share of one core, since the previous sample.",
-    "process_orphaned": "vLLM processes of the role (engine core, worker) that outlived their API server: they hold their GPU memory; kill them.",
-    "process_lost": "vLLM workers (ranks) gone, exited or zombies, while the engine core that ran them runs on: its other ranks wait in a collective.",
-    "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
-    "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
-    "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
-    "gil_held_ratio": "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
-    "gil_failed_sample_ratio": "Share of the latest py-spy window's samples whose stack py-spy could not read (nonblocking: counted as held).",
-    "gil_hot_function_ratio": "Share of the latest py-spy window spent in this function while holding the GIL (top N).",
-    "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
-    "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",
-    "gpu_memory_used_bytes": "GPU memory used (vLLM preallocates most of it: read KV usage instead).",
-    "gpu_memory_total_bytes": "GPU memory total.",
-    "gpu_power_watts": "Power draw.",
-    "gpu_power_limit_watts": "Enforced power limit.",
-    "gpu_temperature_celsius": "GPU temperature.",
-    "gpu_sm_clock_hertz": "SM clock.",
-    "gpu_memory_clock_hertz": "Memory clock.",
-    "gpu_clock_event_active": "1 while the clock event reason is set (gpu_idle, sw_power_cap, hw_slowdown, ...).",
-    "gpu_pcie_link_generation": "Current PCIe link generation.",
-    "gpu_pcie_link_generation_max": "Maximum PCIe link generation.",
-    "gpu_pcie_link_width": "Current PCIe link width (lanes).",
-    "gpu_pcie_link_width_max": "Maximum PCIe link width (lanes).",
-    "gpu_pcie_replay_errors_total": "PCIe replay counter.",
-    "gpu_gpm_supported": "1 when GPM metrics (SM activity, tensor, DRAM bandwidth) are read from this GPU.",
-    "gpu_sm_active_ratio": "GPM SM activity since the previous GPU reading (0..1).",
-    "gpu_sm_occupancy_ratio": "GPM SM occupancy since the previous GPU reading (0..1).",
-    "gpu_tensor_active_ratio": "GPM tensor-core activity since the previous GPU reading (0..1).",
-    "gpu_dram_bandwidth_utilization_ratio": "GPM DRAM bandwidth utilisation since the previous GPU reading (0..1).",
-    "gpu_pcie_tx_bytes_per_second": "PCIe transmit throughput (GPM, or NVML's 20 ms sample without GPM).",
-    "gpu_pcie_rx_bytes_per_second": "PCIe receive throughput (GPM, or NVML's 20 ms sample without GPM).",
-    "gpu_nvlink_tx_bytes_per_second": "NVLink transmit throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
-    "gpu_nvlink_rx_bytes_per_second": "NVLink receive throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
-    "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
-    "gpu_foreign_compute_processes": (
-        "Processes other than vLLM's holding a compute context on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)."
-    ),
-    "gpu_foreign_sm_ratio": (
-        "Share of the GPU's time the other programs' kernels ran (NVML's per-process samples since the list was read before; absent where the GPU keeps none)."
-    ),
-}
 
 
 def exported_signal(signal_id: str) -> tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]] | None:
     """(family, its extra labels' values, the labels naming its scope) under which a windowed signal is
-    exported (the source registry says how); None for one that is not (global signals)."""
-    for spec in SOURCES:
+    exported (the catalog says how); None for one that is not (global signals)."""
+    for spec in CATALOG:
         for signal in spec.signals:
             if signal.id == signal_id:
                 return f"{PREFIX}_{spec.exported_as}{signal.family}", signal.extra_labels, spec.scope_labels
@@ -209,7 +159,7 @@ class SnapshotCollector(Collector):
         """Windowed signals per engine (vllm_triage_vllm_*) and per GPU (vllm_triage_gpu_window_*).
         Aggregates stay in /diagnosis: exported, they would double-count in sum()."""
         families: dict[str, GaugeMetricFamily] = {}
-        for spec in SOURCES:
+        for spec in CATALOG:
             for signal in spec.signals:
                 name = f"{PREFIX}_{spec.exported_as}{signal.family}"
                 if name not in families:
@@ -220,7 +170,7 @@ class SnapshotCollector(Collector):
             if scope.kind not in ("engine", "gpu", "host"):  # aggregates stay in /diagnosis
                 continue
             scope_values = {"engine": [scope.engine, scope.model], "gpu": [scope.name], "host": []}[scope.kind]
-            for spec in SOURCES:
+            for spec in CATALOG:
                 if spec.scope_kind != scope.kind:
                     continue
                 for signal in spec.signals:

@@ -23,7 +23,7 @@ VLLM_SOURCE = "vllm"
 PROCESS_SOURCE = "process"
 GPU_SOURCE = "gpu"
 GIL_SOURCE = "gil"
-SOURCE_NAMES = (VLLM_SOURCE, PROCESS_SOURCE, GPU_SOURCE, GIL_SOURCE)  # registry.SOURCES builds them, in this order
+SOURCE_NAMES = (VLLM_SOURCE, PROCESS_SOURCE, GPU_SOURCE, GIL_SOURCE)  # catalog.CATALOG describes them, in this order
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")  # the samples of one Prometheus histogram
 

@@ -1,7 +1,5 @@
-"""The sources the sidecar can run, one entry each: its name, how it is built (and at what cadence), its
-signal table, the scopes they are computed in, how they are exported, and whether its last reading is
-exported as read. The daemon, the config's `sources` setting, the engine, the snapshot and /metrics read
-this table: adding a source is an entry here plus its module in sources/ and its table in signals/."""
+"""How each source of the catalog (catalog.py) is built from the config, at its cadence, and the one scheduler that
+runs them: the daemon's and `record`'s."""
 
 from __future__ import annotations
 
@@ -11,15 +9,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
+from .catalog import CATALOG
 from .config import Config
 from .cpu_account import CPU
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading
-from .signals.gpu import GPU_SIGNALS
-from .signals.host import GIL_SIGNALS, HOST_SIGNALS
-from .signals.vllm import VLLM_SAMPLES_READ, VLLM_SIGNALS
-from .signals.window import SignalDef
+from .signals.vllm import VLLM_SAMPLES_READ
 from .sources.dcgm import DcgmSource
 from .sources.gil import GilSource
 from .sources.gpu import GpuSource
@@ -39,20 +34,6 @@ class SourceLoop:
     interval: float
     collect: Callable[[], Awaitable[Reading]]
     close: Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    name: str
-    build: Callable[[Config, Clock, ProcessTargets], SourceLoop]
-    signals: tuple[SignalDef, ...]
-    # "engine" and "gpu": computed per engine / GPU and for their aggregate; "host": once, over vLLM's
-    # processes by role (the host scope holds every such table's signals)
-    scope_kind: Literal["engine", "gpu", "host"]
-    exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
-    scope_labels: tuple[str, ...] = ()
-    lookback_seconds: float = 0.0  # its window (and history) is at least this long
-    exports_latest: bool = False  # its last reading is exported as read (vllm_triage_<name>_*), like dcgm-exporter
 
 
 async def every(seconds: float, name: str, body: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
@@ -129,17 +110,11 @@ def _gpu(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
     return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, CPU.run, "gpu_collect", source.collect), close)  # NVML blocks
 
 
-SOURCES: tuple[SourceSpec, ...] = (
-    SourceSpec(VLLM_SOURCE, _vllm, VLLM_SIGNALS, "engine", "vllm_", ("engine", "model_name")),
-    SourceSpec(PROCESS_SOURCE, _process, HOST_SIGNALS, "host", "process_window_", exports_latest=True),
-    SourceSpec(GPU_SOURCE, _gpu, GPU_SIGNALS, "gpu", "gpu_window_", ("gpu",), exports_latest=True),
-    # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
-    SourceSpec(GIL_SOURCE, _gil, GIL_SIGNALS, "host", "process_window_", lookback_seconds=180.0, exports_latest=True),
-)
-SOURCES_BY_NAME = {s.name: s for s in SOURCES}
+Builder = Callable[[Config, Clock, ProcessTargets], SourceLoop]
+BUILDERS: dict[str, Builder] = {VLLM_SOURCE: _vllm, PROCESS_SOURCE: _process, GPU_SOURCE: _gpu, GIL_SOURCE: _gil}
 
 
 def build_sources(config: Config, clock: Clock, targets: ProcessTargets) -> list[SourceLoop]:
-    """The configured sources, in the table's order (the process source first: the GIL and GPU sources sample the
+    """The configured sources, in the catalog's order (the process source first: the GIL and GPU sources sample the
     processes it lists, handed over in `targets`)."""
-    return [spec.build(config, clock, targets) for spec in SOURCES if spec.name in config.sources]
+    return [BUILDERS[entry.name](config, clock, targets) for entry in CATALOG if entry.name in config.sources]

@@ -181,8 +181,8 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
     import subprocess
     import sys
 
+    from vllm_triage.catalog import CATALOG
     from vllm_triage.model import SOURCE_NAMES
-    from vllm_triage.registry import SOURCES
 
     code = "import sys, vllm_triage.config; print(' '.join(sorted(m for m in sys.modules if m.startswith('vllm_triage'))))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
@@ -203,7 +203,7 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage.diagnosis.judge",
         "vllm_triage.model",
     }
-    assert tuple(spec.name for spec in SOURCES) == SOURCE_NAMES
+    assert tuple(entry.name for entry in CATALOG) == SOURCE_NAMES
 
 
 def test_a_vllm_url_given_with_its_metrics_path_is_taken_without_it():

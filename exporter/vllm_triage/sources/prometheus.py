@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
+from ..catalog import CATALOG, EXPORTED_PREFIX
 from ..config import redact_url
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, MAX_NUM_SEQS_READ, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, VllmMeta, make_labels
-from ..registry import SOURCES
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import http_failure, read_bounded
 from .dcgm import dcgm_readings
@@ -31,7 +31,7 @@ from .vllm import RENAMES, _canonical
 # Labels Prometheus and its service discovery add to a target's series: not vLLM's nor the sidecar's own.
 TARGET_LABELS = frozenset({"__name__", "job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster", "node", "prometheus"})
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus refuses a range query past this many steps
-SIDECAR_PREFIX = "vllm_triage_"
+SIDECAR_PREFIX = EXPORTED_PREFIX
 
 
 class HistoryError(Exception):
@@ -70,10 +70,13 @@ def _vllm_names() -> list[str]:
 
 def _latest_sources() -> dict[str, str]:
     """Exported prefix -> source, for the sources whose last reading the sidecar exports as read."""
-    return {f"{SIDECAR_PREFIX}{spec.name}_": spec.name for spec in SOURCES if spec.exports_latest}
+    return {entry.latest_prefix: entry.name for entry in CATALOG if entry.exports_latest}
 
 
-_WINDOWED = tuple(f"{SIDECAR_PREFIX}{spec.exported_as}" for spec in SOURCES)
+_WINDOWED = tuple(f"{SIDECAR_PREFIX}{entry.exported_as}" for entry in CATALOG)
+
+# Every family a source exports as read: the sources' last readings, rebuilt from their history.
+_LATEST_QUERY = "(" + "|".join(re.escape(prefix) for prefix in _latest_sources()) + ").+"
 
 
 def parse_selector(selector: str) -> str:
@@ -172,7 +175,7 @@ class PrometheusHistory:
         self._points_left = self.limits.max_points
         async with aiohttp.ClientSession() as session:
             vllm = await self._range(session, "|".join(re.escape(n) for n in _vllm_names()), self.matchers, start, end, steps)
-            sidecar = await self._range(session, f"{SIDECAR_PREFIX}(gpu|process|gil)_.+", self.matchers, start, end, steps)
+            sidecar = await self._range(session, _LATEST_QUERY, self.matchers, start, end, steps)
             seqs = await self._range(session, f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers, start, end, steps)
             dcgm = await self._range(session, "DCGM_FI_.+", self.matchers, start, end, steps)
             if not dcgm and self.matchers:  # scraped without honor_labels, dcgm-exporter's pod and namespace are exported_*

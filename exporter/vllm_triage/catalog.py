@@ -1,0 +1,124 @@
+"""The sources' catalog: what each source is, as data, one entry each: its signal table, the scopes its signals are
+computed in, how they are exported, how far back it looks, the families of its last reading exported as read (with
+their help), and the config option of its cadence. Everything derived from the sources (the exposition's help, the
+history query, each source's stale-after default, the reference docs) reads this table; how a source is built is the
+registry's (registry.py), beside the sources' modules. A new source is an entry here, its module in sources/ and its
+table in signals/."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .signals.gpu import GPU_SIGNALS
+from .signals.host import GIL_SIGNALS, HOST_SIGNALS
+from .signals.vllm import VLLM_SIGNALS
+from .signals.window import SignalDef
+
+if TYPE_CHECKING:
+    from .config import Config
+
+EXPORTED_PREFIX = "vllm_triage_"
+# Where the config sets nothing: a source's readings stay evidence this many of its intervals after it starts failing.
+STALE_INTERVALS = 3
+STALE_MIN_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    name: str
+    signals: tuple[SignalDef, ...]
+    # "engine" and "gpu": computed per engine / GPU and for their aggregate; "host": once, over vLLM's processes by role
+    # (the host scope holds every such table's signals)
+    scope_kind: Literal["engine", "gpu", "host"]
+    exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
+    interval_option: str  # the Config key of its cadence
+    scope_labels: tuple[str, ...] = ()
+    lookback_seconds: float = 0.0  # its window (and history) is at least this long
+    # The families of its last reading exported as read (vllm_triage_<family>, like dcgm-exporter), each with its help;
+    # every one begins with the source's name.
+    latest_help: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def exports_latest(self) -> bool:
+        return bool(self.latest_help)
+
+    @property
+    def latest_prefix(self) -> str:
+        """The exported prefix of its last reading's families (and of their history in Prometheus)."""
+        return f"{EXPORTED_PREFIX}{self.name}_"
+
+
+_PROCESS_HELP = {
+    "process_cpu_seconds_total": "CPU time of a vLLM process (role api_server | engine_core | worker, index within the role).",
+    "process_resident_memory_bytes": "Resident memory of a vLLM process.",
+    "process_threads": "Threads of a vLLM process.",
+    "process_start_time_seconds": "When a vLLM process started (Unix time): how long it has run, or loaded.",
+    "process_exits_total": "vLLM API server processes seen exiting since the sidecar started (a crash loop restarts it under new pids).",
+    "process_stopped": "1 when a vLLM process can run no code: stopped by a signal (SIGSTOP, a debugger) or a zombie.",
+    "process_busiest_thread_cpu_ratio": "The process's busiest thread since the previous sample, share of one core (1.0 = saturated).",
+    "process_thread_runqueue_wait_ratio": "Seconds per second the process's neediest thread waited runnable for a CPU (schedstat) since the previous sample.",
+    "process_thread_cpu_demand_ratio": "The process's neediest thread's CPU run plus waited for, share of one core, since the previous sample.",
+    "process_orphaned": "vLLM processes of the role (engine core, worker) that outlived their API server: they hold their GPU memory; kill them.",
+    "process_lost": "vLLM workers (ranks) gone, exited or zombies, while the engine core that ran them runs on: its other ranks wait in a collective.",
+    "process_cgroup_periods_total": "CPU periods of vLLM's container (cgroup cpu.stat nr_periods).",
+    "process_cgroup_throttled_periods_total": "Periods in which vLLM's container was throttled by its CPU limit.",
+    "process_cgroup_throttled_seconds_total": "Time vLLM's container was throttled by its CPU limit.",
+}
+_GIL_HELP = {
+    "gil_held_ratio": "Share of the latest py-spy window in which a thread of the role's process held the GIL.",
+    "gil_failed_sample_ratio": "Share of the latest py-spy window's samples whose stack py-spy could not read (nonblocking: counted as held).",
+    "gil_hot_function_ratio": "Share of the latest py-spy window spent in this function while holding the GIL (top N).",
+}
+_GPU_HELP = {
+    "gpu_utilization_ratio": "util.gpu: share of the last sample period a kernel ran (not how busy the SMs are).",
+    "gpu_memory_activity_ratio": "util.memory: share of the last sample period device memory was read or written.",
+    "gpu_memory_used_bytes": "GPU memory used (vLLM preallocates most of it: read KV usage instead).",
+    "gpu_memory_total_bytes": "GPU memory total.",
+    "gpu_power_watts": "Power draw.",
+    "gpu_power_limit_watts": "Enforced power limit.",
+    "gpu_temperature_celsius": "GPU temperature.",
+    "gpu_sm_clock_hertz": "SM clock.",
+    "gpu_memory_clock_hertz": "Memory clock.",
+    "gpu_clock_event_active": "1 while the clock event reason is set (gpu_idle, sw_power_cap, hw_slowdown, ...).",
+    "gpu_pcie_link_generation": "Current PCIe link generation.",
+    "gpu_pcie_link_generation_max": "Maximum PCIe link generation.",
+    "gpu_pcie_link_width": "Current PCIe link width (lanes).",
+    "gpu_pcie_link_width_max": "Maximum PCIe link width (lanes).",
+    "gpu_pcie_replay_errors_total": "PCIe replay counter.",
+    "gpu_gpm_supported": "1 when GPM metrics (SM activity, tensor, DRAM bandwidth) are read from this GPU.",
+    "gpu_sm_active_ratio": "GPM SM activity since the previous GPU reading (0..1).",
+    "gpu_sm_occupancy_ratio": "GPM SM occupancy since the previous GPU reading (0..1).",
+    "gpu_tensor_active_ratio": "GPM tensor-core activity since the previous GPU reading (0..1).",
+    "gpu_dram_bandwidth_utilization_ratio": "GPM DRAM bandwidth utilisation since the previous GPU reading (0..1).",
+    "gpu_pcie_tx_bytes_per_second": "PCIe transmit throughput (GPM, or NVML's 20 ms sample without GPM).",
+    "gpu_pcie_rx_bytes_per_second": "PCIe receive throughput (GPM, or NVML's 20 ms sample without GPM).",
+    "gpu_nvlink_tx_bytes_per_second": "NVLink transmit throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
+    "gpu_nvlink_rx_bytes_per_second": "NVLink receive throughput over all links (GPM, or dcgm-exporter's); absent on a GPU with no NVLink up.",
+    "gpu_xid_errors_total": "XID errors reported by the driver, by XID.",
+    "gpu_foreign_compute_processes": (
+        "Processes other than vLLM's holding a compute context on the GPU (NVML's compute processes; only where NVML's pids are the sidecar's)."
+    ),
+    "gpu_foreign_sm_ratio": (
+        "Share of the GPU's time the other programs' kernels ran (NVML's per-process samples since the list was read before; absent where the GPU keeps none)."
+    ),
+}
+
+CATALOG: tuple[SourceEntry, ...] = (
+    SourceEntry(VLLM_SOURCE, VLLM_SIGNALS, "engine", "vllm_", "scrape_interval_seconds", ("engine", "model_name")),
+    SourceEntry(PROCESS_SOURCE, HOST_SIGNALS, "host", "process_window_", "process_interval_seconds", latest_help=_PROCESS_HELP),
+    SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", ("gpu",), latest_help=_GPU_HELP),
+    # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
+    SourceEntry(GIL_SOURCE, GIL_SIGNALS, "host", "process_window_", "gil_interval_seconds", lookback_seconds=180.0, latest_help=_GIL_HELP),
+)
+CATALOG_BY_NAME = {entry.name: entry for entry in CATALOG}
+LATEST_HELP = {family: text for entry in CATALOG for family, text in entry.latest_help.items()}
+
+
+def stale_after(config: Config) -> dict[str, float]:
+    """Per source: how long its readings stay evidence after it starts failing: the config's stale_after_seconds, or by
+    default STALE_INTERVALS of the source's own cadence (its `interval_option`), at least STALE_MIN_SECONDS."""
+    configured: float | None = config.stale_after_seconds
+    return {e.name: configured if configured is not None else max(STALE_MIN_SECONDS, STALE_INTERVALS * getattr(config, e.interval_option)) for e in CATALOG}
