@@ -3,6 +3,7 @@ resolved from config, then the readings, then vLLM's defaults; each says where i
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,7 +95,22 @@ class Discovery:
             self.gpu_groups,
             _bounded(self.api_server_args.get("max_num_batched_tokens")),
             (_bounded(self.api_server_args.get("api_server_count")) or 1) if self.processes else None,
+            self.cuda_graphs,
         )
+
+    @property
+    def cuda_graphs(self) -> bool | None:
+        """Whether vLLM captures CUDA graphs, as its command line says: off with --enforce-eager or a --compilation-config
+        whose cudagraph_mode is NONE; None without the host view."""
+        if not self.processes:
+            return None
+        if self.api_server_args.get("enforce_eager"):
+            return False
+        try:
+            compilation = json.loads(self.api_server_flags.get("--compilation-config") or "{}")
+        except ValueError:
+            compilation = {}
+        return not (isinstance(compilation, dict) and str(compilation.get("cudagraph_mode", "")).upper() == "NONE")
 
     def _gpus_by(self, key: Callable[[RankEntry], Any]) -> dict[Any, tuple[str, ...]]:
         """The GPUs (scope keys) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""

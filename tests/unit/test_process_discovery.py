@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
+from vllm_triage.discovery import Discovery
 from vllm_triage.exposition import Exposition
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import evaluate
@@ -65,6 +67,22 @@ def test_command_line_flags_keep_every_flag_as_written_without_secrets():
     }
     assert "s3cr3t" not in str(flags) and "hf_x" not in str(flags)
     assert len(command_line_flags(["vllm", *(f"--flag-{i}" for i in range(10_000))])) == 128
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "graphs"),
+    [
+        (["vllm", "serve", "m"], True),
+        (["vllm", "serve", "m", "--enforce-eager"], False),
+        (["vllm", "serve", "m", "--compilation-config", '{"cudagraph_mode": "NONE"}'], False),
+        (["vllm", "serve", "m", '--compilation-config={"cudagraph_mode": "FULL_AND_PIECEWISE"}'], True),
+        (["vllm", "serve", "m", "--compilation-config", "{not json"], True),  # vLLM refuses it: it would not be running
+    ],
+)
+def test_whether_cuda_graphs_are_on_is_read_from_the_command_line_and_unknown_without_it(cmdline, graphs):
+    seen = Discovery(256, "default", "", None, parse_vllm_args(cmdline), ({"pid": 1, "role": "api_server"},), api_server_flags=command_line_flags(cmdline))  # type: ignore[typeddict-item]
+    assert seen.facts().cuda_graphs is graphs
+    assert dataclasses.replace(seen, processes=()).facts().cuda_graphs is None  # no host view: not known, not "on"
 
 
 def test_roles():

@@ -574,6 +574,35 @@ def test_cuda_graphs_turned_off_by_a_rollout_is_a_regression_after_change_naming
     assert any("at 31.3 requests in flight" in t for t in texts), texts  # 32 clients, the same load on both sides
 
 
+def test_cuda_graphs_off_while_the_gpu_waits_is_said_with_the_flag_and_never_while_graphs_are_on(tmp_path):
+    """The same capture, the same 32 clients on the same GPU: with CUDA graphs (vLLM's defaults) the engine core's thread
+    is saturated too, but nothing says graphs are off; relaunched with --enforce-eager, SM activity falls to under a
+    tenth and feature_ineffective names cuda_graphs with the flag to drop, and gpu_starved's cause says the same. Its
+    `for` is 30 s here (300 by default: the command line does not change while vLLM runs)."""
+    path = tmp_path / "graphs.yaml"
+    path.write_text("conditions:\n  feature_ineffective: {for_seconds: 30}\n")
+    marks = marks_of("eager_change")
+    snapshots = replayed("eager_change", load(str(path), env={}))
+
+    def says_graphs_off(snapshot) -> bool:
+        return any("CUDA graphs are off" in e.text for v in snapshot.verdicts if v.active for e in v.evidence)
+
+    graphs = [s for s in snapshots if marks["graphs"] <= s.timestamp < marks["relaunch"]]
+    assert graphs and not [s.timestamp for s in graphs if verdict(s, "feature_ineffective").cause == "cuda_graphs" or says_graphs_off(s)]
+    assert any(verdict(s, "gpu_starved").active for s in graphs)  # host-bound with graphs too: the control is not idle
+    said = [s for s in snapshots if s.timestamp >= marks["vllm_ready"] and verdict(s, "feature_ineffective").state == "active"]
+    first = next((s for s in said if verdict(s, "feature_ineffective").cause == "cuda_graphs"), None)
+    assert first is not None and first.timestamp - marks["vllm_ready"] <= 60, first and first.timestamp - marks["vllm_ready"]
+    found = verdict(first, "feature_ineffective")
+    assert found.cause == "cuda_graphs" and found.role == "secondary", (found.cause, found.role)
+    assert any(a.startswith("drop --enforce-eager") for a in found.advice), found.advice
+    sm = next(e.value for e in found.evidence if e.signal == "gpu_sm_activity_ratio")
+    assert sm is not None and sm < 0.2, sm
+    starved = [v for s in snapshots if s.timestamp >= first.timestamp and (v := verdict(s, "gpu_starved")).state == "active" and v.raw]
+    launching = [v for v in starved if v.cause in ("launch_overhead", "engine_python")]
+    assert launching and all(any(a.startswith("drop --enforce-eager") for a in v.advice) for v in launching), [(v.cause, v.advice) for v in starved][:3]
+
+
 def test_a_sidecar_restarted_by_the_rollout_keeps_the_envelope_before_it_in_its_state_file(tmp_path):
     """A rollout replaces the pod, the sidecar with it: the envelope before the change survives only in the state file
     (the chart keeps it on the bundles volume). The eager_change capture cut where vLLM was relaunched: one sidecar

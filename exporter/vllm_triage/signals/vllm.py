@@ -623,6 +623,13 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "vLLM's --api-server-count (1 when the command line does not set it; absent without the host view).",
         lambda ctx: float(ctx.facts.api_server_count) if ctx.facts.api_server_count else None,
     ),
+    SignalDef(
+        "cuda_graphs_enabled",
+        "cuda_graphs_enabled",
+        "1 when vLLM captures CUDA graphs, 0 when its command line turns them off (--enforce-eager, or cudagraph_mode NONE in "
+        "--compilation-config); absent without the host view.",
+        lambda ctx: None if ctx.facts.cuda_graphs is None else float(ctx.facts.cuda_graphs),
+    ),
     SignalDef("kv_capacity_tokens", "kv_capacity_tokens", "KV cache capacity in tokens (cache_config_info).", _kv_capacity_tokens),
     SignalDef("block_size_tokens", "kv_block_size_tokens", "KV block size in tokens (cache_config_info).", _block_size),
     SignalDef("prefix_caching_enabled", "prefix_caching_enabled", "1 when prefix caching is on.", _prefix_caching_enabled),

@@ -310,6 +310,7 @@ class ServerFacts:
     # From vLLM's command line where the host view shows it (None: not visible, or not given there).
     max_num_batched_tokens: int | None = None
     api_server_count: int | None = None
+    cuda_graphs: bool | None = None  # False where the command line turns them off (--enforce-eager, cudagraph_mode NONE)
 
 
 @dataclass

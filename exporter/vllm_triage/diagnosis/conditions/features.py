@@ -1,10 +1,10 @@
 """Features vLLM was started with that do not pay: prefix caching that stopped hitting or never hit, speculative
-decoding that is not accepted."""
+decoding that is not accepted, CUDA graphs turned off while the GPU waits for the host."""
 
 from __future__ import annotations
 
 from ..condition import Condition, Threshold
-from ..judge import Judge, Term
+from ..judge import Judge, Term, all_of, sm_activity_words
 
 
 def _prefix_cache_in_use(j: Judge) -> Term:
@@ -106,7 +106,38 @@ SPEC_DECODE_INEFFECTIVE = Condition(
 )
 
 
+def _cuda_graphs_off(j: Judge) -> Term:
+    """CUDA graphs turned off on vLLM's command line while it serves and its GPU waits: each step's kernels are launched
+    one by one from Python, where a graph would replay them in one launch."""
+    graphs = j.signals.get("cuda_graphs_enabled")
+    if graphs is None:
+        return j.fact(False, "whether vLLM captures CUDA graphs cannot be read: its command line is not visible (the process source)", "cuda_graphs_enabled")
+    if graphs > 0:
+        return j.fact(False, "CUDA graphs are on: vLLM's command line does not turn them off", "cuda_graphs_enabled", graphs)
+    if j.signals.get("gpu_sm_activity_ratio") is None:
+        return j.fact(False, "CUDA graphs are off, but no GPU reading says whether the GPU waits for the host", "gpu_sm_activity_ratio")
+    off = all_of(
+        j.fact(True, "CUDA graphs are off: --enforce-eager (or cudagraph_mode NONE) on vLLM's command line", "cuda_graphs_enabled", graphs),
+        j.compare("requests_running_mean", ">", "running_min", "requests running (window mean)"),
+        j.compare("gpu_sm_activity_ratio", "<", "graphs_sm_activity_max", sm_activity_words(j), upper=1.0),
+    )
+    if off.holds:
+        j.cause = "cuda_graphs"
+        engine = j.signals.get("host_engine_core_busiest_thread_cpu_ratio_recent")
+        if engine is not None:
+            j.note(
+                f"the engine core's busiest thread uses {engine:.2f} of a core launching each step's kernels",
+                "host_engine_core_busiest_thread_cpu_ratio_recent",
+                engine,
+            )
+        j.advise("drop --enforce-eager: vLLM then captures CUDA graphs of its decode batch sizes and replays each step in one launch")
+    return off
+
+
 def _feature_ineffective(j: Judge) -> Term:
+    graphs = _cuda_graphs_off(j)
+    if graphs.holds:
+        return graphs
     in_use = _prefix_cache_in_use(j)
     if in_use.holds is not True:
         return in_use
@@ -136,24 +167,42 @@ FEATURE_INEFFECTIVE = Condition(
     precedence=195,
     layer="1",
     severity="info",
-    summary="A feature vLLM was started with has no effect: prefix caching has never hit",
+    summary="A feature of vLLM does not pay: prefix caching has never hit, or CUDA graphs are off while the GPU waits",
     meaning=(
-        "Prefix caching is on and every prompt is looked up, but not one token has been served from the cache since vLLM "
-        "started. vLLM caches whole KV blocks: a prefix shared by the prompts but shorter than one block (--block-size) is "
-        "never reused, so the feature costs its hashing and saves nothing. Unique prompts give the same picture."
+        "prefix_caching: prefix caching is on and every prompt is looked up, but not one token has been served from the "
+        "cache since vLLM started. vLLM caches whole KV blocks: a prefix shared by the prompts but shorter than one block "
+        "(--block-size) is never reused, so the feature costs its hashing and saves nothing. Unique prompts give the same "
+        "picture. cuda_graphs: vLLM's command line turns CUDA graphs off (--enforce-eager) while it serves and its GPU's "
+        "SMs are mostly idle: every step launches each kernel from Python. Where its command line is not visible, this "
+        "cannot be read, and the verdict says so."
     ),
     next_actions=(
         "cause=prefix_caching: Where the prompts share a system prompt or a document, make the shared part at least one "
         "block: lower --block-size (16 on GPUs) or put more of what is shared at the start of the prompt.",
         "cause=prefix_caching: Where the prompts share nothing, prefix caching cannot help: --no-enable-prefix-caching saves its bookkeeping.",
+        "cause=cuda_graphs: Drop --enforce-eager (or cudagraph_mode NONE): CUDA graphs replay a decode step in one launch. "
+        "Startup takes longer and the graphs hold some GPU memory; keep eager mode only to debug.",
     ),
     predicate=_feature_ineffective,
-    reads=("prefix_cache_hits_since_start", "prefix_cache_queries_per_second", "prefix_caching_enabled", "block_size_tokens", "prompt_tokens_mean"),
+    reads=(
+        "prefix_cache_hits_since_start",
+        "prefix_cache_queries_per_second",
+        "prefix_caching_enabled",
+        "block_size_tokens",
+        "prompt_tokens_mean",
+        "cuda_graphs_enabled",
+        "requests_running_mean",
+        "gpu_sm_activity_ratio",
+        "gpu_sm_activity_from_gpm",
+        "host_engine_core_busiest_thread_cpu_ratio_recent",
+    ),
     thresholds=(
         Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
         Threshold("hits_since_start_max", 0.0, "prefix-cache hits since vLLM started at most this"),
+        Threshold("running_min", 0.0, "cuda_graphs: mean running requests above this (serving)"),
+        Threshold("graphs_sm_activity_max", 0.4, "cuda_graphs: GPU SM activity below this (the GPU waits for the host)", 0.0, 1.0),
     ),
-    causes=("prefix_caching",),
+    causes=("cuda_graphs", "prefix_caching"),
     for_seconds=300,
     clear_seconds=60,
     dont=("Do not turn prefix caching off before checking how long the shared part of the prompts is: one block more and it pays.",),

@@ -142,6 +142,9 @@ def _starvation_cause(j: Judge) -> None:
     else:
         j.cause = "launch_overhead"
         j.note("cause launch_overhead: the engine core's thread is saturated without holding the GIL most of the time: kernel launches and syncs")
+    if j.cause in ("engine_python", "launch_overhead") and j.signals.get("cuda_graphs_enabled") == 0:
+        j.note("CUDA graphs are off (--enforce-eager on vLLM's command line): every step runs each layer's Python and launches", "cuda_graphs_enabled", 0.0)
+        j.advise("drop --enforce-eager: CUDA graphs replay a decode step in one launch, which is what this engine core's thread spends its core on")
 
 
 GPU_STARVED = Condition(
@@ -189,6 +192,7 @@ GPU_STARVED = Condition(
         "gpu_sm_activity_from_gpm",
         "gpu_pcie_busiest_direction_ratio",
         "api_server_count",
+        "cuda_graphs_enabled",
     ),
     thresholds=(
         Threshold("running_min", 0.0, "mean running above this (work pending)"),
