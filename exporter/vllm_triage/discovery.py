@@ -98,7 +98,7 @@ class Discovery:
             self.cuda_graphs,
         )
 
-    @property
+    @cached_property  # facts() is asked for at every window of a tick; the command line does not change within one
     def cuda_graphs(self) -> bool | None:
         """Whether vLLM captures CUDA graphs, as its command line says: off with --enforce-eager or a --compilation-config
         whose cudagraph_mode is NONE; None without the host view."""

@@ -13,13 +13,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .catalog import CATALOG, LATEST_HELP
+from .catalog import CATALOG, EXPORTED_PREFIX, LATEST_HELP
 from .cpu_account import CPU
 from .diagnosis.conditions import CONDITIONS_BY_ID, ConditionSettings
 from .model import SeriesKey, Snapshot
 from .scope import parse_scope
 
-PREFIX = "vllm_triage"
+PREFIX = EXPORTED_PREFIX.removesuffix("_")
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
 
 

@@ -31,7 +31,6 @@ from .vllm import RENAMES, _canonical
 # Labels Prometheus and its service discovery add to a target's series: not vLLM's nor the sidecar's own.
 TARGET_LABELS = frozenset({"__name__", "job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster", "node", "prometheus"})
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus refuses a range query past this many steps
-SIDECAR_PREFIX = EXPORTED_PREFIX
 
 
 class HistoryError(Exception):
@@ -73,7 +72,7 @@ def _latest_sources() -> dict[str, str]:
     return {entry.latest_prefix: entry.name for entry in CATALOG if entry.exports_latest}
 
 
-_WINDOWED = tuple(f"{SIDECAR_PREFIX}{entry.exported_as}" for entry in CATALOG)
+_WINDOWED = tuple(f"{EXPORTED_PREFIX}{entry.exported_as}" for entry in CATALOG)
 
 # Every family a source exports as read: the sources' last readings, rebuilt from their history.
 _LATEST_QUERY = "(" + "|".join(re.escape(prefix) for prefix in _latest_sources()) + ").+"
@@ -176,7 +175,7 @@ class PrometheusHistory:
         async with aiohttp.ClientSession() as session:
             vllm = await self._range(session, "|".join(re.escape(n) for n in _vllm_names()), self.matchers, start, end, steps)
             sidecar = await self._range(session, _LATEST_QUERY, self.matchers, start, end, steps)
-            seqs = await self._range(session, f"{SIDECAR_PREFIX}vllm_max_num_seqs", self.matchers, start, end, steps)
+            seqs = await self._range(session, f"{EXPORTED_PREFIX}vllm_max_num_seqs", self.matchers, start, end, steps)
             dcgm = await self._range(session, "DCGM_FI_.+", self.matchers, start, end, steps)
             if not dcgm and self.matchers:  # scraped without honor_labels, dcgm-exporter's pod and namespace are exported_*
                 dcgm = await self._range(session, "DCGM_FI_.+", _exported(self.matchers), start, end, steps)
@@ -313,7 +312,7 @@ class PrometheusHistory:
                 continue  # the sidecar's own windowed signals and counters' creation times are not readings
             source = next((src for prefix, src in prefixes.items() if name.startswith(prefix)), None)
             if source is not None:
-                by_source.setdefault(source, []).append({**s, "metric": {**s["metric"], "__name__": name.removeprefix(SIDECAR_PREFIX)}})
+                by_source.setdefault(source, []).append({**s, "metric": {**s["metric"], "__name__": name.removeprefix(EXPORTED_PREFIX)}})
         readings = []
         for source, found in by_source.items():
             by_time = self._by_time(found, rename=False)
