@@ -106,6 +106,9 @@ SPEC_DECODE_INEFFECTIVE = Condition(
 )
 
 
+BUSY_THREAD_MIN = 0.5  # of a core: an engine core thread this busy is said to spend it launching kernels
+
+
 def _cuda_graphs_off(j: Judge) -> Term:
     """CUDA graphs turned off on vLLM's command line while it serves and its GPU waits: each step's kernels are launched
     one by one from Python, where a graph would replay them in one launch."""
@@ -124,7 +127,7 @@ def _cuda_graphs_off(j: Judge) -> Term:
     if off.holds:
         j.cause = "cuda_graphs"
         engine = j.signals.get("host_engine_core_busiest_thread_cpu_ratio_recent")
-        if engine is not None:
+        if engine is not None and engine >= BUSY_THREAD_MIN:  # an idle thread launches nothing: no such claim
             j.note(
                 f"the engine core's busiest thread uses {engine:.2f} of a core launching each step's kernels",
                 "host_engine_core_busiest_thread_cpu_ratio_recent",
