@@ -67,25 +67,15 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-# Where each kind of scope is exported and shown: (the signal table's title, its introduction).
+# Where each kind of scope is exported and shown.
 _SCOPE_DOCS = {
-    "engine": (
-        "Layer-1 signals",
-        "Exported per engine as `{prefix}<family>{{engine,model_name,...}}`, windowed over `window_seconds`; the signal id is the key in "
-        "`/diagnosis` → `signals`.",
-    ),
-    "gpu": (
-        "GPU signals",
-        'Exported per GPU as `{prefix}<family>{{gpu,...}}`; in `/diagnosis` under `signals["gpu:<index>"]`, and averaged over the '
-        'watched GPUs under `signals["gpu:all"]`.',
-    ),
-    "host": (
-        "{name} signals",
-        "Exported once for vLLM's processes as `{prefix}<family>{{role,...}}` (role api_server | engine_core | worker); in `/diagnosis` "
-        'under `signals["host"]`.',
-    ),
+    "engine": "Exported per engine as `{prefix}<family>{{engine,model_name,...}}`, windowed over `window_seconds`; the signal id is the "
+    "key in `/diagnosis` → `signals`.",
+    "gpu": 'Exported per GPU as `{prefix}<family>{{gpu,...}}`; in `/diagnosis` under `signals["gpu:<index>"]`, and averaged over the '
+    'watched GPUs under `signals["gpu:all"]`.',
+    "host": "Exported once for vLLM's processes as `{prefix}<family>{{role,...}}` (role api_server | engine_core | worker); in "
+    '`/diagnosis` under `signals["host"]`.',
 }
-_SOURCE_TITLES = {"process": "Process (psutil)", "gil": "GIL (py-spy)"}
 
 
 def _cell(text: str) -> str:
@@ -95,9 +85,7 @@ def _cell(text: str) -> str:
 
 def _signal_table(entry: SourceEntry) -> list[str]:
     prefix = f"{EXPORTED_PREFIX}{entry.exported_as}"
-    title, intro = _SCOPE_DOCS[entry.scope_kind]
-    title = title.format(name=_SOURCE_TITLES.get(entry.name, entry.name))
-    lines = ["", f"## {title}", "", intro.format(prefix=prefix), ""]
+    lines = ["", f"## {entry.title}", "", _SCOPE_DOCS[entry.scope_kind].format(prefix=prefix), ""]
     if entry.lookback_seconds:
         lines += [f"Its window is at least {entry.lookback_seconds:g} s: its readings come that far apart.", ""]
     lines += ["| signal id | family | extra labels | meaning |", "|---|---|---|---|"]

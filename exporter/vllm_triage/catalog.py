@@ -2,23 +2,20 @@
 computed in, how they are exported, how far back it looks, the families of its last reading exported as read (with
 their help), and the config option of its cadence. Everything derived from the sources (the exposition's help, the
 history query, each source's stale-after default, the reference docs) reads this table; how a source is built is the
-registry's (registry.py), beside the sources' modules. A new source is an entry here, its module in sources/ and its
-table in signals/."""
+`build` of its module in sources/ (registry.py). A new source is an entry here, its module in sources/ and its table in
+signals/ (docs/development.md, Adding a source)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
 from .signals.vllm import VLLM_SIGNALS
 from .signals.window import SignalDef
-
-if TYPE_CHECKING:
-    from .config import Config
 
 EXPORTED_PREFIX = "vllm_triage_"
 # Where the config sets nothing: a source's readings stay evidence this many of its intervals after it starts failing.
@@ -35,6 +32,7 @@ class SourceEntry:
     scope_kind: Literal["engine", "gpu", "host"]
     exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
     interval_option: str  # the Config key of its cadence
+    title: str  # its signal table's title in docs/reference.md
     scope_labels: tuple[str, ...] = ()
     lookback_seconds: float = 0.0  # its window (and history) is at least this long
     # The families of its last reading exported as read (vllm_triage_<family>, like dcgm-exporter), each with its help;
@@ -107,18 +105,29 @@ _GPU_HELP = {
 }
 
 CATALOG: tuple[SourceEntry, ...] = (
-    SourceEntry(VLLM_SOURCE, VLLM_SIGNALS, "engine", "vllm_", "scrape_interval_seconds", ("engine", "model_name")),
-    SourceEntry(PROCESS_SOURCE, HOST_SIGNALS, "host", "process_window_", "process_interval_seconds", latest_help=_PROCESS_HELP),
-    SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", ("gpu",), latest_help=_GPU_HELP),
+    SourceEntry(VLLM_SOURCE, VLLM_SIGNALS, "engine", "vllm_", "scrape_interval_seconds", "Layer-1 signals", ("engine", "model_name")),
+    SourceEntry(PROCESS_SOURCE, HOST_SIGNALS, "host", "process_window_", "process_interval_seconds", "Process (psutil) signals", latest_help=_PROCESS_HELP),
+    SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", "GPU signals", ("gpu",), latest_help=_GPU_HELP),
     # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
-    SourceEntry(GIL_SOURCE, GIL_SIGNALS, "host", "process_window_", "gil_interval_seconds", lookback_seconds=180.0, latest_help=_GIL_HELP),
+    SourceEntry(
+        GIL_SOURCE, GIL_SIGNALS, "host", "process_window_", "gil_interval_seconds", "GIL (py-spy) signals", lookback_seconds=180.0, latest_help=_GIL_HELP
+    ),
 )
+SOURCE_NAMES = tuple(entry.name for entry in CATALOG)  # the `sources` setting's choices (config.py)
 CATALOG_BY_NAME = {entry.name: entry for entry in CATALOG}
 LATEST_HELP = {family: text for entry in CATALOG for family, text in entry.latest_help.items()}
 
 
-def stale_after(config: Config) -> dict[str, float]:
+class _Cadences(Protocol):
+    """What stale_after reads of the Config (which imports this table: a Protocol, not the Config, keeps the import
+    one way): the setting, and each source's interval_option by name."""
+
+    @property
+    def stale_after_seconds(self) -> float | None: ...
+
+
+def stale_after(config: _Cadences) -> dict[str, float]:
     """Per source: how long its readings stay evidence after it starts failing: the config's stale_after_seconds, or by
     default STALE_INTERVALS of the source's own cadence (its `interval_option`), at least STALE_MIN_SECONDS."""
-    configured: float | None = config.stale_after_seconds
+    configured = config.stale_after_seconds
     return {e.name: configured if configured is not None else max(STALE_MIN_SECONDS, STALE_INTERVALS * getattr(config, e.interval_option)) for e in CATALOG}

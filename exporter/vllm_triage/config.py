@@ -17,8 +17,8 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import yaml
 
+from .catalog import SOURCE_NAMES
 from .diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, ConditionSettings, default_settings
-from .model import SOURCE_NAMES
 
 # A real vLLM 0.32.0 page has ~320 `vllm:` series per engine; wide expert-parallel deployments run
 # 64-128 data-parallel engines behind one API server. Past these limits a label is exploding

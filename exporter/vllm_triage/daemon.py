@@ -30,8 +30,9 @@ from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, ProcessTargets, Reading, Snapshot
 from .pipeline import Pipeline
-from .registry import SourceLoop, build_sources, every, start_sources
+from .registry import build_sources, every, start_sources
 from .server import PROBE_PATHS, CappedTCPSite, ProbeAnswer, make_app, probe_answer, serve
+from .sources import SourceLoop
 from .sources.gil import dump_stacks, where_stuck
 from .webconfig import OPEN_PATHS, WebConfig
 

@@ -23,7 +23,6 @@ VLLM_SOURCE = "vllm"
 PROCESS_SOURCE = "process"
 GPU_SOURCE = "gpu"
 GIL_SOURCE = "gil"
-SOURCE_NAMES = (VLLM_SOURCE, PROCESS_SOURCE, GPU_SOURCE, GIL_SOURCE)  # catalog.CATALOG describes them, in this order
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")  # the samples of one Prometheus histogram
 
@@ -87,6 +86,20 @@ class ProcessMeta(TypedDict, total=False):
     api_server_pid: int
     process_view: bool  # processes beyond the sidecar's own are visible (a shared process namespace)
     api_server_exit_times: list[float]  # when API servers were seen exiting (the last 16)
+
+
+# nvmlDeviceGetCurrentClocksEventReasons bits (NVML's nvmlClocksEventReason* constants)
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
 
 
 class GpuEntry(TypedDict, total=False):

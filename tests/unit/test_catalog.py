@@ -4,27 +4,32 @@ or this fails."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from pathlib import Path
 
 import pytest
 from vllm_triage.capture import demo_capture_path, read_readings
-from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, stale_after
+from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, SOURCE_NAMES, stale_after
 from vllm_triage.config import load
 from vllm_triage.exposition import SnapshotCollector
-from vllm_triage.model import SOURCE_NAMES
-from vllm_triage.registry import BUILDERS
+from vllm_triage.model import ProcessTargets
+from vllm_triage.registry import builder
 from vllm_triage.sources.prometheus import _LATEST_QUERY
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def test_every_source_is_named_built_and_kept_fresh_at_its_own_cadence():
-    assert tuple(entry.name for entry in CATALOG) == SOURCE_NAMES == tuple(BUILDERS)
+def test_every_source_is_named_built_at_its_own_cadence_and_kept_fresh_by_it():
+    assert tuple(entry.name for entry in CATALOG) == SOURCE_NAMES
     for entry in CATALOG:
         config = load(env={"VLLM_TRIAGE_SOURCES": entry.name, f"VLLM_TRIAGE_{entry.interval_option.upper()}": "10"})
         assert config.sources == (entry.name,)
+        loop = builder(entry.name)(config, time.time, ProcessTargets())
+        asyncio.run(loop.close())
+        assert (loop.name, loop.interval) == (entry.name, 10.0)  # its module builds it at the catalog's cadence
         assert stale_after(config)[entry.name] == 30.0  # three of its own intervals, not another source's
         assert stale_after(load(env={"VLLM_TRIAGE_STALE_AFTER_SECONDS": "7"}))[entry.name] == 7.0
 

@@ -176,18 +176,16 @@ def test_a_huge_or_deeply_nested_config_is_refused_in_one_line(tmp_path):
 
 
 def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
-    """Loading the config reads the condition table and the model, nothing that runs: no source, registry or engine
-    (they import the config, never the other way round), and the registry builds the sources the config names."""
+    """Loading the config reads the condition table, the sources' catalog (with their signal tables) and the model,
+    nothing that runs: no source, registry or engine (they import the config, never the other way round)."""
     import subprocess
     import sys
-
-    from vllm_triage.catalog import CATALOG
-    from vllm_triage.model import SOURCE_NAMES
 
     code = "import sys, vllm_triage.config; print(' '.join(sorted(m for m in sys.modules if m.startswith('vllm_triage'))))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert loaded == {
         "vllm_triage",
+        "vllm_triage.catalog",
         "vllm_triage.config",
         "vllm_triage.diagnosis",
         "vllm_triage.diagnosis.condition",
@@ -202,8 +200,14 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage.diagnosis.conditions.queueing",
         "vllm_triage.diagnosis.judge",
         "vllm_triage.model",
+        "vllm_triage.scope",
+        "vllm_triage.signals",
+        "vllm_triage.signals.gpu",
+        "vllm_triage.signals.host",
+        "vllm_triage.signals.vllm",
+        "vllm_triage.signals.window",
+        "vllm_triage.store",
     }
-    assert tuple(entry.name for entry in CATALOG) == SOURCE_NAMES
 
 
 def test_a_vllm_url_given_with_its_metrics_path_is_taken_without_it():

@@ -7,9 +7,8 @@ import dataclasses
 
 from vllm_triage.config import load
 from vllm_triage.diagnosis.engine import Engine
-from vllm_triage.model import GPU_SOURCE, Reading, make_labels
+from vllm_triage.model import CLOCK_EVENT_REASONS, GPU_SOURCE, Reading, make_labels
 from vllm_triage.pipeline import evaluate
-from vllm_triage.sources.gpu import CLOCK_EVENT_REASONS
 from vllm_triage.store import Store
 
 

@@ -1,11 +1,39 @@
-"""The only code that touches the monitored system: one module per source, and what the HTTP ones share."""
+"""The only code that touches the monitored system: one module per source, named as the source is in the catalog
+(catalog.py), each with its `build(config, clock, targets) -> SourceLoop` (how the daemon runs it); and what the HTTP
+ones share."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the GIL and process sources run where aiohttp may not be installed (py-spy as another user)
     import aiohttp
+
+    from ..config import Config
+    from ..model import ProcessTargets, Reading
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class SourceLoop:
+    """One source as the daemon runs it: collect every `interval` seconds, close at the end."""
+
+    name: str
+    interval: float
+    collect: Callable[[], Awaitable[Reading]]
+    close: Callable[[], Awaitable[None]]
+
+
+# What each source's module defines as `build`: its SourceLoop from the config, the clock its readings are stamped
+# with, and the processes the process source lists (which the GIL and GPU sources sample).
+Builder = Callable[["Config", Clock, "ProcessTargets"], SourceLoop]
+
+
+async def nothing_to_close() -> None:
+    return None
 
 
 async def read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:

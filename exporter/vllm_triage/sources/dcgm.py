@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..model import GPU_SOURCE, GpuEntry, GpuMeta, Reading, SeriesKey, make_labels
+from ..model import CLOCK_EVENT_REASONS, GPU_SOURCE, GpuEntry, GpuMeta, Reading, SeriesKey, make_labels
 from . import http_failure, read_bounded, shortened
-from .gpu import CLOCK_EVENT_REASONS
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ..model import GIL_SOURCE, ProcessTargets, Reading, SeriesKey, make_labels
+from . import Clock, SourceLoop
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 
@@ -247,3 +252,9 @@ class GilSource:
         for function, file, count in hot_functions(raw, self.top):
             out[("gil_hot_function_ratio", make_labels({"role": role, "function": function[:120], "file": file}))] = count / ticks
         return None
+
+
+def build(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
+    """A py-spy window on the engine core and the API server every gil_interval_seconds."""
+    source = GilSource(targets, config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
+    return SourceLoop(GIL_SOURCE, config.gil_interval_seconds, source.collect, source.close)

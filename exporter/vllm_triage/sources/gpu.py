@@ -8,6 +8,7 @@ the sidecar keeps working.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -16,26 +17,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from ..model import GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, ProcessTargets, Reading, SeriesKey, make_labels
+from ..cpu_account import CPU
+from ..model import CLOCK_EVENT_REASONS, GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, ProcessTargets, Reading, SeriesKey, make_labels
+from . import Clock, SourceLoop
+from .dcgm import DcgmSource
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 
-# nvmlDeviceGetCurrentClocksEventReasons bits (NVML's nvmlClocksEventReason* constants)
-CLOCK_EVENT_REASONS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
 GPM_MIN_INTERVAL_SECONDS = 0.1  # GPM needs two samples at least 100 ms apart
 # Fields that move slowly or only by admin action (limits, totals, memory vLLM preallocated,
 # temperature, link maxima, replay counter) are read every 10 s, halving NVML calls per tick.
@@ -524,3 +519,18 @@ class _Unavailable(Exception):
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def build(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
+    """NVML (and GPM) on a worker thread every gpu_interval_seconds (NVML blocks), or dcgm-exporter's page where
+    gpu_source is dcgm."""
+    if config.gpu_source == "dcgm":
+        assert config.dcgm_url is not None  # config.load requires it
+        dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock, max_page_bytes=config.max_page_bytes)
+        return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, dcgm.collect, dcgm.close)
+    source = GpuSource(config.gpus, targets, config.gpm, clock, gpus_file=config.gpus_file)
+
+    async def close() -> None:
+        source.close()
+
+    return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, CPU.run, "gpu_collect", source.collect), close)

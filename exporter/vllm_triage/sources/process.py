@@ -7,6 +7,7 @@ when it does not, this source reports an empty list and discovery falls back to 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
@@ -16,11 +17,18 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ..cpu_account import CPU
 from ..model import PROCESS_SOURCE, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
+from . import Clock, SourceLoop, nothing_to_close
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..model import ProcessTargets
 
 log = logging.getLogger(__name__)
 
@@ -596,3 +604,9 @@ def _cgroup_throttling(path: str | None) -> dict[SeriesKey, float]:
         out[("process_cgroup_throttled_periods_total", labels)] = float(stat.get("nr_throttled", 0))
         out[("process_cgroup_throttled_seconds_total", labels)] = float(stat.get("throttled_usec", 0)) / 1e6
     return out
+
+
+def build(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
+    """Sample vLLM's processes every process_interval_seconds, on a worker thread (psutil blocks)."""
+    source = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
+    return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, CPU.run, "process_collect", source.collect), nothing_to_close)

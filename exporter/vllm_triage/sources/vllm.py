@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import lru_cache, partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,7 +23,12 @@ from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAUL
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, VllmMeta, bucket_bound, make_labels
 from ..scope import parse_scope, scope_of
-from . import http_failure, read_bounded, shortened
+from ..signals.vllm import VLLM_SAMPLES_READ
+from . import Clock, SourceLoop, http_failure, read_bounded, shortened
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..model import ProcessTargets
 
 log = logging.getLogger(__name__)
 
@@ -361,3 +366,20 @@ class VllmSource:
         else:
             log.warning("vLLM source: %s [%s]", reading.error, state)
         self._last_state = state
+
+
+def build(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
+    """Scrape vLLM every scrape_interval_seconds, keeping only the samples some signal reads."""
+    source = VllmSource(
+        config.vllm_url,
+        config.metrics_path,
+        config.scrape_timeout_seconds,
+        config.connect_timeout_seconds,
+        config.max_page_bytes,
+        clock,
+        config.max_series,
+        config.max_engines,
+        config.max_label_value_length,
+        VLLM_SAMPLES_READ,
+    )
+    return SourceLoop(VLLM_SOURCE, config.scrape_interval_seconds, source.collect, source.close)
