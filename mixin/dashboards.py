@@ -11,7 +11,7 @@ from typing import Any
 from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
 from vllm_triage.sources.vllm import spellings
 
-from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads
+from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads, vllm_metric
 
 # Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
 CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")
@@ -41,15 +41,13 @@ def unit_of(metric: str) -> str:
     return "short"
 
 
-def _q(vllm_metric: str) -> str:
-    """vLLM metric selector (vLLM's own names keep their colon)."""
-    return f"{vllm_metric}{{{VLLM}}}"
+def _q(name: str) -> str:
+    """One of vLLM's metrics on the dashboard's selection, under whichever name the server's vLLM exports it."""
+    return vllm_metric(name, VLLM)
 
 
 def _quantile(q: float, histogram: str) -> str:
-    """The quantile of a vLLM histogram, under whichever name the server's vLLM exports it."""
-    today, *older = (f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{{{VLLM}}}[$__rate_interval])))" for name in spellings(histogram))
-    return " or ".join([f"({today})" if older else today, *older])
+    return f"histogram_quantile({q}, sum by (le) (rate({_q(f'{histogram}_bucket')}[$__rate_interval])))"
 
 
 class _Layout:
@@ -159,8 +157,8 @@ def _variables() -> dict[str, Any]:
             query("cluster", "Cluster", "label_values(vllm_triage_build_info, cluster)"),
             query("namespace", "Namespace", 'label_values(vllm_triage_build_info{cluster=~"$cluster"}, namespace)'),
             query("pod", "Pod", 'label_values(vllm_triage_build_info{cluster=~"$cluster",namespace=~"$namespace"}, pod)'),
-            query("model", "Model", f"label_values(vllm:num_requests_running{{{SIDECAR}}}, model_name)"),
-            query("engine", "Engine", f"label_values(vllm:num_requests_running{{{SIDECAR}}}, engine)"),
+            query("model", "Model", f"label_values({vllm_metric('vllm:num_requests_running', SIDECAR)}, model_name)"),
+            query("engine", "Engine", f"label_values({vllm_metric('vllm:num_requests_running', SIDECAR)}, engine)"),
         ]
     }
 
@@ -309,12 +307,13 @@ def overview() -> dict[str, Any]:
         timeseries(
             "KV cache usage",
             [
-                (f"max({' or '.join(map(_q, spellings('vllm:kv_cache_usage_perc')))})", "KV usage"),
+                (f"max({_q('vllm:kv_cache_usage_perc')})", "KV usage"),
                 _threshold("kv_cache_saturated", "usage_min"),
             ],
             unit="percentunit",
             max_value=1,
-            description="vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before ~0.10). GPU memory used says nothing here: vLLM preallocates it.",
+            description=f"{' or '.join(spellings('vllm:kv_cache_usage_perc'))}, as the server's vLLM version names it. GPU memory used says "
+            "nothing here: vLLM preallocates it.",
         )
     )
     lay.add(

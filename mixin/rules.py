@@ -13,18 +13,30 @@ from typing import Any
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
 from vllm_triage.diagnosis.engine import actions_for
 from vllm_triage.exposition import exported_signal
+from vllm_triage.model import HISTOGRAM_SUFFIXES
 from vllm_triage.sources.vllm import spellings
 
 RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
 VLLM_JOB = 'job="vllm"'
 SIDECAR_JOB = 'job="vllm-triage"'
-# KV usage straight from vLLM, whichever name its version exports.
-KV_USAGE = "(" + " or ".join(spellings("vllm:kv_cache_usage_perc")) + ")"
 
 
-def _kv_over_time(function: str, window: str) -> str:
-    return "(" + " or ".join(f"{function}({name}[{window}])" for name in spellings("vllm:kv_cache_usage_perc")) + ")"
+def vllm_metric(name: str, matchers: str = "") -> str:
+    """The selector of one of vLLM's metrics (a histogram's `_bucket`, `_sum`, `_count` too) under every name vLLM has
+    exported it (sources/vllm.py's RENAMES): `name{matchers}`, or `{__name__=~"name|older", matchers}` where it was
+    renamed, so that every rule and panel works whatever vLLM version a server runs, and a rename is that table's entry."""
+    base, suffix = name, ""
+    for histogram_suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(histogram_suffix) and len(spellings(name[: -len(histogram_suffix)])) > 1:
+            base, suffix = name[: -len(histogram_suffix)], histogram_suffix
+    names = [f"{spelling}{suffix}" for spelling in spellings(base)]
+    if len(names) == 1:
+        return f"{name}{{{matchers}}}" if matchers else name
+    return "{" + ", ".join([f'__name__=~"{"|".join(names)}"', *([matchers] if matchers else [])]) + "}"
+
+
+KV_USAGE = vllm_metric("vllm:kv_cache_usage_perc")  # straight from vLLM, whichever name its version exports
 
 
 KEEP_FIRING_FOR = "5m"
@@ -167,11 +179,10 @@ def _slo_ratio(slo: str, window: str) -> str:
     _, histogram, target, _ = SLOS[slo]
     by = "sum by (namespace, model_name)"
     if histogram is None:
-        return f'{by} (rate(vllm:request_success_total{{finished_reason="error"}}[{window}])) / {by} (rate(vllm:request_success_total[{window}]))'
-    names = spellings(histogram)
-    good = " or ".join(f"rate({name}_bucket{{{_le(target)}}}[{window}])" for name in names)
-    total = " or ".join(f"rate({name}_count[{window}])" for name in names)
-    return f"1 - {by} ({good}) / {by} ({total})"
+        errors, requests = vllm_metric("vllm:request_success_total", 'finished_reason="error"'), vllm_metric("vllm:request_success_total")
+        return f"{by} (rate({errors}[{window}])) / {by} (rate({requests}[{window}]))"
+    good, total = vllm_metric(f"{histogram}_bucket", _le(target)), vllm_metric(f"{histogram}_count")
+    return f"1 - {by} (rate({good}[{window}])) / {by} (rate({total}[{window}]))"
 
 
 def slo_recording_rules() -> list[dict[str, str]]:
@@ -276,9 +287,9 @@ VLLM_ALERTS: list[dict[str, Any]] = [
         # real vLLM with 39 blocks averaged 0.90-0.95), and requests queueing: the sidecar's
         # kv_cache_saturated, computed by Prometheus alone.
         "expr": (
-            f"{_kv_over_time('avg_over_time', '5m')} >= {_KV_SATURATED['usage_min']:g}"
-            f" and {_kv_over_time('max_over_time', '5m')} >= {_KV_SATURATED['usage_peak_min']:g}"
-            " and avg_over_time(vllm:num_requests_waiting[5m]) > 0"
+            f"avg_over_time({KV_USAGE}[5m]) >= {_KV_SATURATED['usage_min']:g}"
+            f" and max_over_time({KV_USAGE}[5m]) >= {_KV_SATURATED['usage_peak_min']:g}"
+            f" and avg_over_time({vllm_metric('vllm:num_requests_waiting')}[5m]) > 0"
         ),
         "for": CAPACITY_FOR,
         "labels": {"severity": "warning"},
@@ -290,7 +301,7 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmRequestsWaiting",
-        "expr": f"min_over_time(vllm:num_requests_waiting{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
+        "expr": f"min_over_time({vllm_metric('vllm:num_requests_waiting')}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
         "for": "5m",
         "labels": {"severity": "warning"},
         "annotations": {
@@ -301,7 +312,7 @@ VLLM_ALERTS: list[dict[str, Any]] = [
     },
     {
         "alert": "VllmRequestsWaitingPersistent",
-        "expr": f"min_over_time(vllm:num_requests_waiting{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
+        "expr": f"min_over_time({vllm_metric('vllm:num_requests_waiting')}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
         "for": "20m",
         # a queue held for 20 minutes is normal for batch serving: users' harm pages through the SLO burn alerts
         "labels": {"severity": "warning"},
@@ -384,18 +395,18 @@ VLLM_ALERTS: list[dict[str, Any]] = [
 
 RECORDING_RULES: list[dict[str, str]] = [
     {"record": "namespace_condition:vllm_triage_condition_active:sum", "expr": "sum by (namespace, condition, severity) (vllm_triage_condition_active)"},
-    {"record": "model_name:vllm_num_requests_running:sum", "expr": "sum by (namespace, model_name) (vllm:num_requests_running)"},
-    {"record": "model_name:vllm_num_requests_waiting:sum", "expr": "sum by (namespace, model_name) (vllm:num_requests_waiting)"},
+    {"record": "model_name:vllm_num_requests_running:sum", "expr": f"sum by (namespace, model_name) ({vllm_metric('vllm:num_requests_running')})"},
+    {"record": "model_name:vllm_num_requests_waiting:sum", "expr": f"sum by (namespace, model_name) ({vllm_metric('vllm:num_requests_waiting')})"},
     {"record": "model_name:vllm_kv_cache_usage_perc:max", "expr": f"max by (namespace, model_name) ({KV_USAGE})"},
-    {"record": "model_name:vllm_generation_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:generation_tokens_total[5m]))"},
+    {"record": "model_name:vllm_generation_tokens:rate5m", "expr": f"sum by (namespace, model_name) (rate({vllm_metric('vllm:generation_tokens_total')}[5m]))"},
     {
         "record": "pod:vllm_num_requests_waiting:avg5m",
-        "expr": "sum by (namespace, model_name, pod) (avg_over_time(vllm:num_requests_waiting[5m]))",
+        "expr": f"sum by (namespace, model_name, pod) (avg_over_time({vllm_metric('vllm:num_requests_waiting')}[5m]))",
     },
-    {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": "sum by (namespace, model_name) (rate(vllm:prompt_tokens_total[5m]))"},
+    {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": f"sum by (namespace, model_name) (rate({vllm_metric('vllm:prompt_tokens_total')}[5m]))"},
     {
         "record": "model_name:vllm_time_to_first_token_seconds:p95_5m",
-        "expr": "histogram_quantile(0.95, sum by (namespace, model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+        "expr": f"histogram_quantile(0.95, sum by (namespace, model_name, le) (rate({vllm_metric('vllm:time_to_first_token_seconds_bucket')}[5m])))",
     },
     {"record": "namespace:vllm_triage_gpu_sm_active_ratio:avg", "expr": "avg by (namespace) (vllm_triage_gpu_sm_active_ratio)"},
 ]
@@ -427,14 +438,20 @@ _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 
 def scoped(expr: str, matcher: str) -> str:
     """`expr` with `matcher` first in every series selector (`name{a="b"}` -> `name{matcher, a="b"}`, `name` ->
-    `name{matcher}`); functions, aggregations, keywords, label lists, strings and ranges are left as they are."""
+    `name{matcher}`, `{__name__=~"a|b"}` -> `{matcher, __name__=~"a|b"}`); functions, aggregations, keywords, label
+    lists, strings and ranges are left as they are."""
     out, i = [], 0
     while i < len(expr):
         char = expr[i]
         if char in "\"'":
             end = expr.index(char, i + 1) + 1
-        elif char in "[{":
-            end = expr.index({"[": "]", "{": "}"}[char], i) + 1
+        elif char == "{":  # a selector by its matchers alone (a renamed metric's spellings: vllm_metric)
+            end = expr.index("}", expr.index("__name__", i)) + 1
+            out.append("{" + matcher + ", " + expr[i + 1 : end])
+            i = end
+            continue
+        elif char == "[":
+            end = expr.index("]", i) + 1
         elif char.isdigit() or (char == "." and expr[i + 1 : i + 2].isdigit()):
             end = re.compile(r"[0-9A-Za-z_.]*").match(expr, i).end()  # type: ignore[union-attr]
         elif (name := _NAME.match(expr, i)) is not None:

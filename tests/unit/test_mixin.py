@@ -199,25 +199,3 @@ def test_each_tunable_vllm_threshold_is_written_in_its_rules_and_nowhere_else():
         others = [other for name in tunable["rules"] for o, other in VLLM_THRESHOLDS.items() if o != key and name in other["rules"]]
         assert not [other for other in others if tunable["text"] in other["text"] or other["text"] in tunable["text"]], key
         assert tunable["format"].replace("%v", str(tunable["default"])).replace(".0", "") in tunable["text"].replace(".0", ""), key
-
-
-def test_every_renamed_vllm_family_the_rules_and_dashboards_select_is_selected_under_its_old_names_too():
-    """A server on an older vLLM exports a renamed family under its old name (vllm:gpu_cache_usage_perc before
-    vllm:kv_cache_usage_perc): every rule and panel that selects today's name selects the old ones beside it, from the
-    rename table the vLLM source reads pages with, so a new rename is one table entry."""
-    import re
-
-    from vllm_triage.sources.vllm import RENAMES, spellings
-
-    generated = [
-        ROOT / "alerts" / "vllm-triage.rules.yml",
-        *sorted((ROOT / "dashboards").glob("*.json")),
-        ROOT / "helm" / "vllm-triage" / "files" / "rules.yml",
-    ]
-    checked = 0
-    for path in generated:
-        selected = {re.sub(r"_(bucket|sum|count)$", "", name) for name in re.findall(r"vllm:[a-z_]+", path.read_text())}
-        for name in selected & set(RENAMES.values()):
-            checked += 1
-            assert set(spellings(name)) <= selected, (path.name, name, set(spellings(name)) - selected)
-    assert checked >= 4  # KV usage and ITL, in the rules and the overview dashboard at least
