@@ -31,6 +31,7 @@ class Phase:
     max_tokens: int = 100
     stream: bool = False  # one server-sent event per token (the API server's heaviest path)
     logprobs: int = 0  # top logprobs per token (heavier still)
+    prompt_pool: int = 0  # every client draws its prompts from the same N prompts (0: each prompt new)
 
 
 @dataclass
@@ -83,6 +84,7 @@ async def run_load(
     stream: bool = False,
     logprobs: int = 0,
     shared_prefix_words: int = 0,
+    prompt_pool: int = 0,
 ) -> LoadResult:
     result = LoadResult()
     deadline = time.monotonic() + seconds
@@ -91,13 +93,15 @@ async def run_load(
 
     # the same words opening every prompt (a system prompt), then each prompt's own
     shared = prompt(shared_prefix_words, random.Random(-1)) + " " if shared_prefix_words else ""
+    # returning prompts (a chat's history, a RAG corpus): the same N, each drawn at random by every client
+    pool = [prompt(prompt_words, random.Random(-2 - i)) for i in range(prompt_pool)]
 
     async def client(index: int, session: aiohttp.ClientSession) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < deadline and not stop.is_set():
             body: dict[str, object] = {
                 "model": model,
-                "prompt": shared + prompt(prompt_words, rng),
+                "prompt": shared + (rng.choice(pool) if pool else prompt(prompt_words, rng)),
                 "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "temperature": 1.0,
@@ -142,6 +146,7 @@ async def run_load_processes(base_url: str, model: str, phase: Phase, processes:
             *("--prompt-words", str(phase.prompt_words), "--max-tokens", str(phase.max_tokens), "--seed", str(i), "--json"),
             *(("--stream",) if phase.stream else ()),
             *(("--logprobs", str(phase.logprobs)) if phase.logprobs else ()),
+            *(("--prompt-pool", str(phase.prompt_pool)) if phase.prompt_pool else ()),
             stdout=asyncio.subprocess.PIPE,
         )
         for i, n in enumerate(share)
@@ -166,9 +171,16 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--logprobs", type=int, default=0)
     parser.add_argument("--shared-prefix-words", type=int, default=0, help="words every prompt opens with (a system prompt)")
+    parser.add_argument("--prompt-pool", type=int, default=0, help="draw every prompt from this many (0: each prompt new)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (run_load_processes reads it)")
     args = parser.parse_args()
-    shape = {"seed": args.seed, "stream": args.stream, "logprobs": args.logprobs, "shared_prefix_words": args.shared_prefix_words}
+    shape = {
+        "seed": args.seed,
+        "stream": args.stream,
+        "logprobs": args.logprobs,
+        "shared_prefix_words": args.shared_prefix_words,
+        "prompt_pool": args.prompt_pool,
+    }
     load = run_load(args.url, args.model, args.clients, args.seconds, args.prompt_words, args.max_tokens, **shape)
     result = asyncio.run(load)
     print(json.dumps(asdict(result)) if args.json else result)

@@ -280,6 +280,18 @@ SCENARIOS = {
         "KV has room and running stays below 128: queue_backlog with cause token_budget (advice: raise "
         "--max-num-batched-tokens), ttft_high with cause queueing; no concurrency_cap, no gpu_starved.",
     ),
+    # KV offloading to CPU memory (--kv-offloading-size: vLLM's OffloadingConnector) on a GPU cache of 256 blocks of 16
+    # (64 KiB a token for the 1B model: 4096 tokens), 16 clients of 120-word prompts (~8 blocks each): first every prompt
+    # new (what is stored is never asked for again), then prompts drawn from 400 (~3,200 blocks: far more than the GPU
+    # keeps, well within the 4 GiB offloaded).
+    "kv_offload": Scenario(
+        "1b",
+        ("--max-num-seqs", "32", "--num-gpu-blocks-override", "256", "--block-size", "16", "--max-model-len", "512", "--kv-offloading-size", "4"),
+        (Phase("idle", 10), Phase("unique", 150, 16, 120, 64), Phase("returning", 150, 16, 120, 64, prompt_pool=400), Phase("idle", 10)),
+        "unique: vLLM stores KV blocks to CPU memory and loads none back (kv_offload_store_bytes_per_second > 0, loads 0 "
+        "since start): feature_ineffective with cause kv_offload within its for. returning: loads > 0 (prompts found in "
+        "CPU memory): it clears; no kv_offload cause.",
+    ),
     # vLLM killed while idle after serving: nothing listens any more, its GPU memory freed.
     "killed": Scenario(
         "1b",
@@ -529,7 +541,7 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
             load = (
                 run_load_processes(URL, "tiny", phase, LOAD_PROCESSES)
                 if phase.stream
-                else run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens)
+                else run_load(URL, "tiny", phase.clients, phase.seconds, phase.prompt_words, phase.max_tokens, prompt_pool=phase.prompt_pool)
             )
             profile_at = dict(scenario.profile_at).get(phase.name)
             acts = [act(a, arg, after, server, marks, time.time() + phase.seconds) for p, after, a, arg in scenario.actions if p == phase.name]

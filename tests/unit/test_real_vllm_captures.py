@@ -603,6 +603,39 @@ def test_cuda_graphs_off_while_the_gpu_waits_is_said_with_the_flag_and_never_whi
     assert launching and all(any(a.startswith("drop --enforce-eager") for a in v.advice) for v in launching), [(v.cause, v.advice) for v in starved][:3]
 
 
+def test_kv_offloading_that_never_loads_back_is_said_and_clears_once_prompts_return(tmp_path):
+    """A real vLLM 0.26 on the H200 with --kv-offloading-size 4 and 16 clients: first every prompt new (vLLM copied
+    ~200 MB/s of KV blocks out to CPU memory and loaded none back), then prompts drawn from 400 that the GPU's cache
+    cannot hold (loads from CPU memory began). Without the GPU source (a sidecar that reads vLLM and its processes), the
+    cause is kv_offload with the size and the advice to drop the flag, and it clears once loads come; with every source
+    the eager server's cuda_graphs leads, the offload's evidence and advice beside it until the loads. `for` 30 s here
+    (300 by default)."""
+    path = tmp_path / "offload.yaml"
+    path.write_text("window_seconds: 20\nconditions:\n  feature_ineffective: {for_seconds: 30}\n")
+    config = load(str(path), env={})
+    marks = dict(json.loads(recorded("kv_offload", ".json").read_text())[1:4])
+    readings = list(read_readings(recorded("kv_offload", ".jsonl.gz")))
+    no_gpu: list = []
+    replay([r for r in readings if r.source != "gpu"], config, no_gpu.append)
+
+    def offloading_advised(v) -> bool:
+        return any(a.startswith("drop --kv-offloading-size") for a in v.advice)
+
+    unique = [verdict(s, "feature_ineffective") for s in no_gpu if marks["unique"] + 40 <= s.timestamp < marks["returning"]]
+    assert unique and all(v.active and v.cause == "kv_offload" and offloading_advised(v) for v in unique), {(v.state, v.cause) for v in unique}
+    stored = next(e.value for e in unique[0].evidence if e.signal == "kv_offload_store_bytes_per_second")
+    assert stored is not None and stored > 1e7, stored
+    assert any("--kv-offloading-size 4" in e.text for e in unique[0].evidence)
+    returning = [verdict(s, "feature_ineffective") for s in no_gpu if marks["returning"] + 20 <= s.timestamp < marks["idle"]]
+    assert returning and not any(offloading_advised(v) for v in returning)
+    assert any(not v.active for v in returning), "the verdict clears within its clear_for once loads come"
+    everything: list = []
+    replay(readings, config, everything.append)
+    led = [verdict(s, "feature_ineffective") for s in everything if marks["unique"] + 40 <= s.timestamp < marks["returning"]]
+    assert led and all(v.cause == "cuda_graphs" and offloading_advised(v) for v in led)
+    assert not [s for s in everything if s.timestamp >= marks["returning"] + 20 and offloading_advised(verdict(s, "feature_ineffective"))]
+
+
 def test_a_sidecar_restarted_by_the_rollout_keeps_the_envelope_before_it_in_its_state_file(tmp_path):
     """A rollout replaces the pod, the sidecar with it: the envelope before the change survives only in the state file
     (the chart keeps it on the bundles volume). The eager_change capture cut where vLLM was relaunched: one sidecar

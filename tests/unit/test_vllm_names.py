@@ -9,7 +9,7 @@ from vllm_triage import store
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import replay
-from vllm_triage.signals.vllm import SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, VLLM_SAMPLES_READ
+from vllm_triage.signals.vllm import OFFLOAD_BYTES, OFFLOAD_BYTES_BY_TYPE, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, VLLM_SAMPLES_READ
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
 from .pages import TTFT_BOUNDS, Counters, page
@@ -53,12 +53,16 @@ def test_saturated_capture_reads_as_saturated():
 def test_every_family_the_signals_read_is_on_both_versions_real_pages():
     """The version alias table against real pages of 0.26.0 (H200) and 0.32.0 (CPU): every vLLM family a
     signal reads is there under today's name, whatever the version."""
-    # v0's only; only with speculative decoding on
-    read = VLLM_SAMPLES_READ - {"vllm:num_requests_swapped", SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED}
-    for capture in ("vllm-0.32.0-cpu-kv-saturated.metrics.txt", "vllm-0.26.0-h200-kv-saturated.metrics.txt"):
+    # v0's only; only with speculative decoding on; only with KV offloading on (below)
+    offload = {*OFFLOAD_BYTES.values(), OFFLOAD_BYTES_BY_TYPE}
+    read = VLLM_SAMPLES_READ - {"vllm:num_requests_swapped", SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED, *offload}
+    for capture in ("vllm-0.32.0-cpu-kv-saturated.metrics.txt", "vllm-0.26.0-h200-kv-saturated.metrics.txt", "vllm-0.26.0-h200-kv-offload.metrics.txt"):
         samples, facts = parse_page((FIXTURES / capture).read_text())
         assert read <= names(samples), (capture, sorted(read - names(samples)))
         assert "old_names" not in facts, capture
+    # vLLM 0.26 with --kv-offloading-size, after prompts came back from CPU memory: stores and loads, both spellings
+    samples, _ = parse_page((FIXTURES / "vllm-0.26.0-h200-kv-offload.metrics.txt").read_text())
+    assert offload <= names(samples)
 
 
 def test_v0_names_are_renamed_to_todays():

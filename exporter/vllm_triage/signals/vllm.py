@@ -200,6 +200,53 @@ def _latest_total(metric: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+# KV offloading (vLLM's OffloadingConnector: --kv-offloading-size, or --kv-transfer-config): bytes moved each way between
+# the GPU's KV cache and the offload tier (CPU memory). vLLM 0.26 exports them under both names: the per-direction
+# counters, and a deprecated one by transfer_type.
+OFFLOAD_BYTES = {"store": "vllm:kv_offload_store_bytes_total", "load": "vllm:kv_offload_load_bytes_total"}
+OFFLOAD_BYTES_BY_TYPE = "vllm:kv_offload_total_bytes_total"
+OFFLOAD_TRANSFER_TYPES = {"store": "GPU_to_CPU", "load": "CPU_to_GPU"}
+OFFLOAD_HELP = (
+    "KV cache bytes moved per second between the GPU and the offload tier (CPU memory): direction store (out of the GPU), "
+    "load (back into it: a prompt's blocks found there)."
+)
+
+
+def _transfer_type(direction: str) -> Callable[[Labels], bool]:
+    transfer = OFFLOAD_TRANSFER_TYPES[direction]
+    return lambda labels: label_value(labels, "transfer_type") == transfer
+
+
+_STORES, _LOADS = _transfer_type("store"), _transfer_type("load")
+_BY_TYPE = {"store": _STORES, "load": _LOADS}
+
+
+def _offload_rate(direction: str) -> Callable[[SignalContext], float | None]:
+    def compute(ctx: SignalContext) -> float | None:
+        rate = ctx.view.rate(OFFLOAD_BYTES[direction], ctx.scope)
+        return rate if rate is not None else ctx.view.rate(OFFLOAD_BYTES_BY_TYPE, ctx.scope, _BY_TYPE[direction])
+
+    return compute
+
+
+def _offload_loads_since_start(ctx: SignalContext) -> float | None:
+    """Bytes loaded back from the offload tier since vLLM started (the counter's newest value)."""
+    for frame in reversed(ctx.view.frames):
+        loads = [s.value for s in frame.series(OFFLOAD_BYTES["load"], ctx.scope)]
+        loads = loads or [s.value for s in frame.series(OFFLOAD_BYTES_BY_TYPE, ctx.scope) if _LOADS(s.labels)]
+        if loads:
+            return sum(loads)
+    return None
+
+
+def _kv_offload_gib(ctx: SignalContext) -> float | None:
+    """The KV offloading size vLLM was started with (--kv-offloading-size, GiB; cache_config_info): 0 when off."""
+    labels = _cache_config(ctx)
+    if not labels or "kv_offloading_size" not in labels:
+        return None
+    return _float_label(labels, "kv_offloading_size") or 0.0
+
+
 def _prefix_caching_enabled(ctx: SignalContext) -> float | None:
     labels = _cache_config(ctx)
     if not labels or "enable_prefix_caching" not in labels:
@@ -646,6 +693,32 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         _latest_total("vllm:prefix_cache_hits_total"),
     ),
     SignalDef(
+        "kv_offload_size_gib",
+        "kv_offload_size_gib",
+        "KV offloading size vLLM was started with (--kv-offloading-size, GiB; 0: off; absent before vLLM exports it).",
+        _kv_offload_gib,
+    ),
+    SignalDef(
+        "kv_offload_store_bytes_per_second",
+        "kv_offload_bytes_per_second",
+        OFFLOAD_HELP,
+        _offload_rate("store"),
+        (("direction", "store"),),
+    ),
+    SignalDef(
+        "kv_offload_load_bytes_per_second",
+        "kv_offload_bytes_per_second",
+        OFFLOAD_HELP,
+        _offload_rate("load"),
+        (("direction", "load"),),
+    ),
+    SignalDef(
+        "kv_offload_loads_since_start_bytes",
+        "kv_offload_loads_since_start_bytes",
+        "KV cache bytes loaded back from the offload tier since vLLM started: 0 means nothing offloaded was ever reused.",
+        _offload_loads_since_start,
+    ),
+    SignalDef(
         "kv_live_token_ratio",
         "kv_live_token_ratio",
         "Tokens the running requests hold (running x (mean prompt + mean output / 2)) / KV tokens in use; an estimate, capped at 1.",
@@ -793,6 +866,8 @@ VLLM_SAMPLES_READ: frozenset[str] = frozenset(
         "vllm:external_prefix_cache_queries_total",
         "vllm:mm_cache_hits_total",
         "vllm:mm_cache_queries_total",
+        *OFFLOAD_BYTES.values(),
+        OFFLOAD_BYTES_BY_TYPE,
         SPEC_DRAFTS,
         SPEC_DRAFT_TOKENS,
         SPEC_ACCEPTED,

@@ -1,5 +1,6 @@
 """Features vLLM was started with that do not pay: prefix caching that stopped hitting or never hit, speculative
-decoding that is not accepted, CUDA graphs turned off while the GPU waits for the host."""
+decoding that is not accepted, CUDA graphs turned off while the GPU waits for the host, KV offloading that stores
+and never loads back."""
 
 from __future__ import annotations
 
@@ -137,10 +138,38 @@ def _cuda_graphs_off(j: Judge) -> Term:
     return off
 
 
+def _kv_offload_unused(j: Judge) -> Term:
+    """KV offloading that copies the GPU's KV blocks out to CPU memory and has not once loaded one back since vLLM
+    started: what it stores is never asked for again (prompts that do not return once they leave the GPU's cache)."""
+    stores = j.signals.get("kv_offload_store_bytes_per_second")
+    if stores is None:
+        return j.fact(False, "KV offloading is off (vLLM exports no offload counters)", "kv_offload_store_bytes_per_second")
+    unused = all_of(
+        j.compare("kv_offload_store_bytes_per_second", ">", "offload_stores_min", "bytes offloaded from the GPU's KV cache per second"),
+        j.compare("kv_offload_loads_since_start_bytes", "<=", "offload_loads_max", "bytes loaded back from the offload tier since vLLM started"),
+    )
+    if unused.holds:
+        size = j.signals.get("kv_offload_size_gib")
+        if size:
+            j.note(f"--kv-offloading-size {size:g}: {size:g} GiB of host memory hold blocks no request has come back for", "kv_offload_size_gib", size)
+        if j.signals.get("prefix_caching_enabled") == 0:
+            j.note("prefix caching is off: offloaded blocks are found again by prefix match", "prefix_caching_enabled", 0.0)
+            j.advise("turn prefix caching back on (drop --no-enable-prefix-caching): offloaded blocks are found again by prefix match")
+        else:
+            j.advise("drop --kv-offloading-size (or the offloading connector) where prompts do not return: each copy out costs PCIe bandwidth and host memory")
+    return unused
+
+
 def _feature_ineffective(j: Judge) -> Term:
+    # Both can hold at once (an eager server that offloads): graphs lead, the costlier by far, and the offload's notes
+    # and advice stand beside them.
     graphs = _cuda_graphs_off(j)
+    offload = _kv_offload_unused(j)
     if graphs.holds:
         return graphs
+    if offload.holds:
+        j.cause = "kv_offload"
+        return offload
     in_use = _prefix_cache_in_use(j)
     if in_use.holds is not True:
         return in_use
@@ -170,14 +199,17 @@ FEATURE_INEFFECTIVE = Condition(
     precedence=195,
     layer="1",
     severity="info",
-    summary="A feature of vLLM does not pay: prefix caching has never hit, or CUDA graphs are off while the GPU waits",
+    summary="A feature of vLLM does not pay: prefix caching has never hit, KV offloading never loads back, or CUDA graphs are off while the GPU waits",
     meaning=(
         "prefix_caching: prefix caching is on and every prompt is looked up, but not one token has been served from the "
         "cache since vLLM started. vLLM caches whole KV blocks: a prefix shared by the prompts but shorter than one block "
         "(--block-size) is never reused, so the feature costs its hashing and saves nothing. Unique prompts give the same "
         "picture. cuda_graphs: vLLM's command line turns CUDA graphs off (--enforce-eager) while it serves and its GPU's "
         "SMs are mostly idle: every step launches each kernel from Python. Where its command line is not visible, this "
-        "cannot be read, and the verdict says so."
+        "cannot be read, and the verdict says so. kv_offload: KV offloading (--kv-offloading-size, or an offloading "
+        "connector) copies the GPU's KV blocks out to CPU memory, and not one has been loaded back since vLLM started: "
+        "the prompts do not return once they leave the GPU's cache, so every copy costs PCIe bandwidth and host memory "
+        "and saves nothing."
     ),
     next_actions=(
         "cause=prefix_caching: Where the prompts share a system prompt or a document, make the shared part at least one "
@@ -185,6 +217,10 @@ FEATURE_INEFFECTIVE = Condition(
         "cause=prefix_caching: Where the prompts share nothing, prefix caching cannot help: --no-enable-prefix-caching saves its bookkeeping.",
         "cause=cuda_graphs: Drop --enforce-eager (or cudagraph_mode NONE): CUDA graphs replay a decode step in one launch. "
         "Startup takes longer and the graphs hold some GPU memory; keep eager mode only to debug.",
+        "cause=kv_offload: Where prompts do not come back (unique requests, no chat history or shared documents), drop "
+        "--kv-offloading-size: offloading pays only for prompts that return after the GPU's cache evicted them. Where "
+        "they do come back, check that prefix caching is on (offloaded blocks are found by prefix match) and that they "
+        "return within what the offload size holds.",
     ),
     predicate=_feature_ineffective,
     reads=(
@@ -198,14 +234,19 @@ FEATURE_INEFFECTIVE = Condition(
         "gpu_sm_activity_ratio",
         "gpu_sm_activity_from_gpm",
         "host_engine_core_busiest_thread_cpu_ratio_recent",
+        "kv_offload_store_bytes_per_second",
+        "kv_offload_loads_since_start_bytes",
+        "kv_offload_size_gib",
     ),
     thresholds=(
         Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
         Threshold("hits_since_start_max", 0.0, "prefix-cache hits since vLLM started at most this"),
         Threshold("running_min", 0.0, "cuda_graphs: mean running requests above this (serving)"),
         Threshold("graphs_sm_activity_max", 0.4, "cuda_graphs: GPU SM activity below this (the GPU waits for the host)", 0.0, 1.0),
+        Threshold("offload_stores_min", 0.0, "kv_offload: bytes offloaded per second above this (offloading at work)"),
+        Threshold("offload_loads_max", 0.0, "kv_offload: bytes loaded back since vLLM started at most this"),
     ),
-    causes=("cuda_graphs", "prefix_caching"),
+    causes=("cuda_graphs", "kv_offload", "prefix_caching"),
     for_seconds=300,
     clear_seconds=60,
     dont=("Do not turn prefix caching off before checking how long the shared part of the prompts is: one block more and it pays.",),
