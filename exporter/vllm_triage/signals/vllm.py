@@ -187,12 +187,12 @@ def _one_block_below_full(ctx: SignalContext) -> float | None:
     return 1.0 - 1.0 / (blocks - 1) if blocks is not None and blocks > 2 else None
 
 
-def _latest_total(metric: str) -> Callable[[SignalContext], float | None]:
-    """A counter's value in the newest frame (since the server started)."""
+def _latest_total(metric: str, where: Callable[[Labels], bool] | None = None) -> Callable[[SignalContext], float | None]:
+    """A counter's value in the newest frame that has it (since the server started), over the series `where` keeps."""
 
     def compute(ctx: SignalContext) -> float | None:
         for frame in reversed(ctx.view.frames):
-            values = [s.value for s in frame.series(metric, ctx.scope)]
+            values = [s.value for s in frame.series(metric, ctx.scope) if where is None or where(s.labels)]
             if values:
                 return sum(values)
         return None
@@ -205,20 +205,17 @@ def _latest_total(metric: str) -> Callable[[SignalContext], float | None]:
 # counters, and a deprecated one by transfer_type.
 OFFLOAD_BYTES = {"store": "vllm:kv_offload_store_bytes_total", "load": "vllm:kv_offload_load_bytes_total"}
 OFFLOAD_BYTES_BY_TYPE = "vllm:kv_offload_total_bytes_total"
-OFFLOAD_TRANSFER_TYPES = {"store": "GPU_to_CPU", "load": "CPU_to_GPU"}
 OFFLOAD_HELP = (
     "KV cache bytes moved per second between the GPU and the offload tier (CPU memory): direction store (out of the GPU), "
     "load (back into it: a prompt's blocks found there)."
 )
 
 
-def _transfer_type(direction: str) -> Callable[[Labels], bool]:
-    transfer = OFFLOAD_TRANSFER_TYPES[direction]
-    return lambda labels: label_value(labels, "transfer_type") == transfer
-
-
-_STORES, _LOADS = _transfer_type("store"), _transfer_type("load")
-_BY_TYPE = {"store": _STORES, "load": _LOADS}
+# The deprecated counter's series of each direction.
+_BY_TYPE: dict[str, Callable[[Labels], bool]] = {
+    "store": lambda labels: label_value(labels, "transfer_type") == "GPU_to_CPU",
+    "load": lambda labels: label_value(labels, "transfer_type") == "CPU_to_GPU",
+}
 
 
 def _offload_rate(direction: str) -> Callable[[SignalContext], float | None]:
@@ -229,14 +226,13 @@ def _offload_rate(direction: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
+_LOADS_TODAY, _LOADS_DEPRECATED = _latest_total(OFFLOAD_BYTES["load"]), _latest_total(OFFLOAD_BYTES_BY_TYPE, _BY_TYPE["load"])
+
+
 def _offload_loads_since_start(ctx: SignalContext) -> float | None:
     """Bytes loaded back from the offload tier since vLLM started (the counter's newest value)."""
-    for frame in reversed(ctx.view.frames):
-        loads = [s.value for s in frame.series(OFFLOAD_BYTES["load"], ctx.scope)]
-        loads = loads or [s.value for s in frame.series(OFFLOAD_BYTES_BY_TYPE, ctx.scope) if _LOADS(s.labels)]
-        if loads:
-            return sum(loads)
-    return None
+    today = _LOADS_TODAY(ctx)
+    return today if today is not None else _LOADS_DEPRECATED(ctx)
 
 
 def _kv_offload_gib(ctx: SignalContext) -> float | None:
