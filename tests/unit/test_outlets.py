@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import gzip
 import json
@@ -337,6 +338,9 @@ def test_the_whole_exposition_matches_the_golden_file():
     own = tuple(f"{prefix}{name}" for prefix in ("", "# HELP ", "# TYPE ") for name in ("process_", "python_", "vllm_triage_sidecar_cpu_seconds"))
     own += ("vllm_triage_build_info",)
     kept = "".join(line + "\n" for line in text.splitlines() if not line.startswith(own))
+    # Prometheus refuses a whole scrape with one series twice (a family whose signals disagree on their labels)
+    series = [(s.name, tuple(sorted(s.labels.items()))) for family in text_string_to_metric_families(kept) for s in family.samples]
+    assert not [key for key, count in collections.Counter(series).items() if count > 1]
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(kept)
     assert kept == GOLDEN.read_text(), "the exposition changed: UPDATE_GOLDEN=1 to accept it after reviewing the diff"

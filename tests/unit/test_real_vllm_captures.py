@@ -30,13 +30,16 @@ run) and replayed here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from pathlib import Path
 
 import pytest
+from vllm_triage import catalog
 from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config, load
+from vllm_triage.model import VLLM_SOURCE
 from vllm_triage.pipeline import Pipeline, replay
 from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
@@ -44,6 +47,9 @@ from vllm_triage.traces import summarize_paths
 from harness.gpu.truth import ALL, CPU_BOUND, GPU_HEAVY, SERVING, check, read_phases
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+# A verdict within a minute of its regime's onset at the default settings, tighter than the truths written before the
+# runs (90 s): what lets the on-call act before users notice.
+ONSET_TO_VERDICT_SECONDS = 60
 
 
 def recorded(name: str, suffix: str) -> Path:
@@ -283,7 +289,7 @@ def test_an_engine_core_sharing_its_cpu_with_busy_processes_starves_the_gpu_with
     assert first_active(snapshots, "gpu_starved", 0, marks["contention_started"]) is None  # the GPU kept up before
     first = first_active(snapshots, "gpu_starved", marks["contention_started"], marks["contention_ended"])
     assert first is not None, "gpu_starved never came in the contended phase"
-    assert first.timestamp - marks["contention_started"] <= 90, first.timestamp - marks["contention_started"]
+    assert first.timestamp - marks["contention_started"] <= ONSET_TO_VERDICT_SECONDS, first.timestamp - marks["contention_started"]
     starved = verdict(first, "gpu_starved")
     assert starved.cause == "cpu_contention" and first.primary == "gpu_starved", (starved.cause, first.primary)
     texts = [e.text for e in starved.evidence]
@@ -303,14 +309,18 @@ def test_kv_thrash_on_the_h200_is_kv_saturation_and_a_backlog_within_90_s_held_t
     """Default settings. The 1B model with 128 sequences admitted on 48 blocks of 16 (two requests of 340 tokens fit
     whole), 128 clients: ~5 preemptions a second, ~96 requests waiting, 1.3 finished a second. The truth written before
     the run: nothing in steady; kv_cache_saturated (primary) and queue_backlog within 90 s of the load's onset, held
-    to the phase's end; everything clears in recovery."""
+    to the phase's end; everything clears in recovery. Measured otherwise in steady: its 3 clients kept the eager engine
+    core's thread at 0.99 of a core beside SM activity 0.05, the serving capture's underload regime, so gpu_starved
+    (launch_overhead) is the one verdict there, once its SM activity is judged on the last 10 s."""
     marks = marks_of("kv_thrash")
     snapshots = replayed("kv_thrash", load(env={}))
-    assert not [s.timestamp for s in snapshots if s.timestamp < marks["thrash"] and s.primary is not None]
+    steady = [s for s in snapshots if s.timestamp < marks["thrash"]]
+    assert not [(s.timestamp, v.condition) for s in steady for v in s.verdicts if v.active and v.condition != "gpu_starved"]
+    assert {verdict(s, "gpu_starved").cause for s in steady if verdict(s, "gpu_starved").active} <= {"launch_overhead"}
     onset = marks["thrash"]
     for condition in ("kv_cache_saturated", "queue_backlog", "preemption_storm"):
         first = first_active(snapshots, condition, onset, marks["recovery"])
-        assert first is not None and first.timestamp - onset <= 90, (condition, first and first.timestamp - onset)
+        assert first is not None and first.timestamp - onset <= ONSET_TO_VERDICT_SECONDS, (condition, first and first.timestamp - onset)
         held = [s for s in snapshots if first.timestamp <= s.timestamp <= marks["recovery"]]
         assert all(verdict(s, condition).active for s in held), condition
         print(f"{condition} {first.timestamp - onset:.0f} s after the load's onset")
@@ -384,11 +394,24 @@ def test_vllm_killed_is_unreachable_within_35_s_and_held_while_nothing_answers()
     assert first is not None and first.timestamp - marks["vllm_killed"] <= 35, first and first.timestamp - marks["vllm_killed"]
     assert all(verdict(s, "vllm_unreachable").active for s in snapshots if s.timestamp >= first.timestamp)
     assert not [s.timestamp for s in snapshots if verdict(s, "engine_wedged").active]
-    assert not [s.timestamp for s in snapshots if s.timestamp < marks["vllm_killed"] and active(s)]
+    # Before the kill the eager engine core's thread ran at 0.98 of a core beside SM activity 0.04: the GPU starved,
+    # as in every eager capture of the 1B model, and nothing else.
+    assert not [s.timestamp for s in snapshots if s.timestamp < marks["vllm_killed"] and active(s) - {"gpu_starved"}]
+    assert {verdict(s, "gpu_starved").cause for s in snapshots if s.timestamp < marks["vllm_killed"] and verdict(s, "gpu_starved").active} == {
+        "launch_overhead"
+    }
     assert first.primary == "vllm_unreachable" and not first.vllm_starting
-    # gpu_starved had held on the 16 clients' readings for 42 s when the kill came: readings from before it are no ground
-    # for a new verdict once the scrapes fail (raised 4 s into the outage, it would page on the past).
-    assert not [(s.timestamp, active(s)) for s in snapshots if s.timestamp >= marks["vllm_killed"] and active(s) - {"vllm_unreachable"}]
+    # Readings from before the kill are no ground for a new verdict once the scrapes fail (raised in the outage, it would
+    # page on the past). gpu_starved, active when the kill came, is held on them as Prometheus' keep_firing_for holds an
+    # alert: judged on stale readings (said so), then unknown, and over within stale_after + clear_for.
+    after = [s for s in snapshots if s.timestamp >= marks["vllm_killed"]]
+    raised = [(s.timestamp, c) for before, s in itertools.pairwise(after) for c in active(s) - active(before) - {"vllm_unreachable"}]
+    assert not raised
+    held = [verdict(s, "gpu_starved") for s in after if s.timestamp > marks["vllm_killed"] + 2 and verdict(s, "gpu_starved").active]
+    assert held and all(v.state == "unknown" or any("judged on readings up to" in note for note in v.stale) for v in held)
+    settings = load(env={}).conditions["gpu_starved"]
+    limit = marks["vllm_killed"] + catalog.stale_after(load(env={}))[VLLM_SOURCE] + settings.clear_seconds + 4
+    assert not [s.timestamp for s in after if s.timestamp > limit and verdict(s, "gpu_starved").active]
 
 
 def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises_on_one_gpu():
@@ -479,12 +502,14 @@ def test_a_gpu_at_its_compute_limit_queues_with_cause_gpu_compute_and_a_well_siz
         assert not loud, (name, loud[:5])
     start, end = next((s, e) for n, s, e in phases if n == "saturated")
     first = first_active(snapshots, "queue_backlog", start, end)
-    assert first is not None and first.timestamp - start <= 90, first and first.timestamp - start
+    assert first is not None and first.timestamp - start <= ONSET_TO_VERDICT_SECONDS, first and first.timestamp - start
     held = [s for s in snapshots if first.timestamp <= s.timestamp <= end]
     assert all(verdict(s, "queue_backlog").active and s.primary == "queue_backlog" for s in held)
     assert {verdict(s, "queue_backlog").cause for s in held} == {"gpu_compute"}
     assert not any(verdict(s, "gpu_starved").active for s in snapshots if start <= s.timestamp <= end)
     assert verdict(held[-1], "compute_bound").active
+    bound = first_active(snapshots, "compute_bound", start, end)
+    assert bound is not None and bound.timestamp - start <= ONSET_TO_VERDICT_SECONDS, bound and bound.timestamp - start
     assert any("replicas of this size serve the observed demand" in a for a in verdict(held[-1], "queue_backlog").advice)
     assert {verdict(s, "ttft_high").cause for s in held if verdict(s, "ttft_high").active} == {"queueing"}
     assert {verdict(s, "itl_high").cause for s in held if verdict(s, "itl_high").active} == {"prefill_chunks"}
@@ -499,7 +524,7 @@ def test_streaming_clients_that_saturate_the_api_server_are_gpu_starved_by_the_a
     start, end = next((s, e) for n, s, e in phases if n == "streaming")
     snapshots = [s for s in replayed("api_server_bound", load(env={})) if start <= s.timestamp <= end]
     first = first_active(snapshots, "gpu_starved", start, end)
-    assert first is not None and first.timestamp - start <= 90, first and first.timestamp - start
+    assert first is not None and first.timestamp - start <= ONSET_TO_VERDICT_SECONDS, first and first.timestamp - start
     held = [s for s in snapshots if s.timestamp >= first.timestamp]
     assert {verdict(s, "gpu_starved").cause for s in held if verdict(s, "gpu_starved").active} == {"api_server"}
     assert sum(verdict(s, "gpu_starved").active for s in held) >= 0.9 * len(held)
@@ -519,7 +544,7 @@ def test_a_concurrency_cap_below_the_load_leads_with_the_queue_behind_the_cap():
     start, end = next((s, e) for n, s, e in phases if n == "capped")
     snapshots = replayed("seqs_cap", load(env={}))
     first = first_active(snapshots, "queue_backlog", start, end)
-    assert first is not None and first.timestamp - start <= 90, first and first.timestamp - start
+    assert first is not None and first.timestamp - start <= ONSET_TO_VERDICT_SECONDS, first and first.timestamp - start
     held = [s for s in snapshots if first.timestamp <= s.timestamp <= end]
     assert {verdict(s, "queue_backlog").cause for s in held} == {"concurrency_cap"}
     assert {s.primary for s in held} == {"queue_backlog"}

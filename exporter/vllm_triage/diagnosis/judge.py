@@ -151,7 +151,7 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def sm_activity_words(j: Judge) -> str:
+def sm_activity_words(j: Judge, over: str = "window mean") -> str:
     """How a verdict names the GPUs' SM activity it read: GPM's SM active, or util.gpu where the GPU has no GPM."""
     source = "GPM SM active" if j.signals.get("gpu_sm_activity_from_gpm") else "util.gpu (no GPM on this GPU)"
-    return f"GPU SM activity, {source}, window mean"
+    return f"GPU SM activity, {source}, {over}"

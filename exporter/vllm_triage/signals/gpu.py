@@ -91,6 +91,12 @@ def _sm_activity(ctx: SignalContext) -> float | None:
     return gpm if gpm is not None else ctx.values.get("gpu_utilization_ratio_mean")
 
 
+def _sm_activity_recent(ctx: SignalContext) -> float | None:
+    """The same choice over the window's last 10 s."""
+    gpm = ctx.values.get("gpu_sm_active_ratio_recent")
+    return gpm if gpm is not None else ctx.values.get("gpu_utilization_ratio_recent")
+
+
 def _sm_activity_from_gpm(ctx: SignalContext) -> float | None:
     if ctx.values.get("gpu_utilization_ratio_mean") is None and ctx.values.get("gpu_sm_active_ratio_mean") is None:
         return None
@@ -277,9 +283,16 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
         for metric, family, what in (
             ("gpu_utilization_ratio", "utilization_ratio", "util.gpu"),
             ("gpu_sm_active_ratio", "sm_active_ratio", "GPM SM activity"),
+            ("gpu_tensor_active_ratio", "tensor_active_ratio", "GPM tensor-core activity"),
         )
     ),
     SignalDef("gpu_sm_activity_ratio", "sm_activity_ratio", "SM activity: GPM SM active, or util.gpu where GPM is missing.", _sm_activity),
+    SignalDef(
+        "gpu_sm_activity_ratio_recent",
+        "sm_activity_recent_ratio",
+        "SM activity over the window's last 10 s: GPM SM active, or util.gpu where GPM is missing.",
+        _sm_activity_recent,
+    ),
     SignalDef(
         "gpu_sm_activity_from_gpm",
         "sm_activity_from_gpm",
