@@ -99,7 +99,7 @@ def load_shape(readings: Sequence[Reading]) -> dict[str, object]:
         finished = view.increase("vllm:request_success_total", scope)
         pending = [r + w for r, w in zip(running, waiting, strict=False)]
         arrived = None if finished is None or not pending else finished + pending[-1] - pending[0]
-        engines[scope] = {
+        engines[scope.key] = {
             "requests_arriving_per_second": None if arrived is None else round(max(arrived, 0.0) / view.span_seconds, 3),
             "requests_finishing_per_second": None if finished is None else round(finished / view.span_seconds, 3),
             "requests_running": _spread(running),

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from .config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
 from .model import VLLM_SOURCE, Reading
-from .scope import parse_scope, scope_of
+from .scope import scope_of
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _over_live_limits(reading: Reading, max_series: int, max_engines: int) -> st
     if len(reading.samples) > max_series:
         return f"{len(reading.samples)} series, over max_series {max_series}"
     if reading.source == VLLM_SOURCE:
-        engines = {scope for _, labels in reading.samples if parse_scope(scope := scope_of(labels)).kind == "engine"}
+        engines = {scope for _, labels in reading.samples if (scope := scope_of(labels)).kind == "engine"}
         if len(engines) > max_engines:
             return f"{len(engines)} vLLM engines, over max_engines {max_engines}"
     return None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .scope import ScopeKind
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
 from .signals.vllm import VLLM_SIGNALS
@@ -29,7 +30,7 @@ class SourceEntry:
     signals: tuple[SignalDef, ...]
     # "engine" and "gpu": computed per engine / GPU and for their aggregate; "host": once, over vLLM's processes by role
     # (the host scope holds every such table's signals)
-    scope_kind: Literal["engine", "gpu", "host"]
+    scope_kind: ScopeKind
     exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
     interval_option: str  # the Config key of its cadence
     title: str  # its signal table's title in docs/reference.md

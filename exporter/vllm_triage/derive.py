@@ -15,7 +15,7 @@ from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
 from .envelope import CHANGE_SIGNALS
 from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth, make_labels
-from .scope import AGGREGATE_SCOPE, HOST_SCOPE, gpu_group_scope, gpu_scope, parse_scope
+from .scope import AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE, HOST_SCOPE, Scope, gpu_group_scope
 from .signals.window import WindowView, compute_signals
 from .signals.window import window as signals_window
 from .sources.process import STOPPED_STATES
@@ -61,7 +61,7 @@ class Derived:
     global_signals: dict[str, float | None]
     _cache: dict[tuple[str, float], ScopedSignals] = field(default_factory=dict)
     _views: dict[tuple[str, float], WindowView] = field(default_factory=dict)
-    _group_cache: dict[tuple[str, float], dict[str, float | None]] = field(default_factory=dict)  # (gpus: scope, window)
+    _group_cache: dict[tuple[Scope, float], dict[str, float | None]] = field(default_factory=dict)  # (gpus: scope, window)
 
     def _view(self, source: str, window: float) -> WindowView:
         if (source, window) not in self._views:
@@ -100,11 +100,11 @@ class Derived:
         engines = self.discovery.engine_gpus if gpu_fresh else {}
         scoped = {}
         for scope, values in self.signals_for(VLLM_SOURCE, window).items():
-            gpus = engines.get(parse_scope(scope).engine) if scope != AGGREGATE_SCOPE else None
+            gpus = engines.get(scope.engine) if scope is not AGGREGATE_SCOPE else None
             scoped[scope] = {**values, **beside, **(self._gpu_group_signals(window, gpus) if gpus else {})}
         return scoped
 
-    def _gpu_group_signals(self, window: float, gpus: tuple[str, ...]) -> dict[str, float | None]:
+    def _gpu_group_signals(self, window: float, gpus: tuple[Scope, ...]) -> dict[str, float | None]:
         """The GPU signals over several GPUs (one engine's), as its aggregate would be over them alone."""
         spec = CATALOG_BY_NAME[GPU_SOURCE]
         window = max(window, spec.lookback_seconds)
@@ -147,7 +147,7 @@ class Derived:
             if spec.scope_kind == "host":
                 shown.setdefault(HOST_SCOPE, {}).update(per_scope.get(AGGREGATE_SCOPE, {}))
             elif spec.scope_kind == "gpu":
-                shown.update({gpu_scope(k) if k == AGGREGATE_SCOPE else k: v for k, v in per_scope.items()})
+                shown.update({GPU_AGGREGATE_SCOPE if k is AGGREGATE_SCOPE else k: v for k, v in per_scope.items()})
             else:
                 shown.update(per_scope)
         return shown

@@ -27,7 +27,7 @@ from .model import (
     ProcessMeta,
     RankEntry,
 )
-from .scope import gpu_scope
+from .scope import Scope, gpu_scope
 from .signals.window import ServerFacts
 from .sources.process import STOPPED_STATES
 from .store import Store
@@ -112,23 +112,23 @@ class Discovery:
             compilation = {}
         return not (isinstance(compilation, dict) and str(compilation.get("cudagraph_mode", "")).upper() == "NONE")
 
-    def _gpus_by(self, key: Callable[[RankEntry], Any]) -> dict[Any, tuple[str, ...]]:
-        """The GPUs (scope keys) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""
-        grouped: dict[Any, set[str]] = {}
+    def _gpus_by(self, key: Callable[[RankEntry], Any]) -> dict[Any, tuple[Scope, ...]]:
+        """The GPUs (their scopes) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""
+        grouped: dict[Any, set[Scope]] = {}
         for rank in self.ranks:
             grouped.setdefault(key(rank), set()).update(gpu_scope(str(g)) for g in rank["gpus"])
         return {k: tuple(sorted(gpus)) for k, gpus in sorted(grouped.items()) if gpus}
 
     @cached_property
-    def engine_gpus(self) -> dict[str, tuple[str, ...]]:
-        """Each data-parallel engine's GPUs (scope keys, by its engine label: the dp rank), where the rank map places
+    def engine_gpus(self) -> dict[str, tuple[Scope, ...]]:
+        """Each data-parallel engine's GPUs (their scopes, by its engine label: the dp rank), where the rank map places
         two or more engines on GPUs: each is judged beside its own GPUs, not every GPU's mean."""
         placed = self._gpus_by(lambda rank: str(rank["dp_rank"]))
         return placed if len(placed) > 1 else {}
 
     @cached_property
-    def gpu_groups(self) -> tuple[tuple[str, ...], ...]:
-        """Each tensor-parallel group's GPUs (one engine's pipeline stage), as scope keys: the ranks whose collectives
+    def gpu_groups(self) -> tuple[tuple[Scope, ...], ...]:
+        """Each tensor-parallel group's GPUs (one engine's pipeline stage), as scopes: the ranks whose collectives
         wait for each other."""
         return tuple(self._gpus_by(lambda rank: (rank["dp_rank"], rank["pp_rank"])).values())
 
@@ -179,7 +179,7 @@ class Discovery:
             )
         return notes
 
-    def foreign_gpu_notes(self) -> list[tuple[str, str]]:
+    def foreign_gpu_notes(self) -> list[tuple[Scope, str]]:
         """(GPU scope, 'pid 1214 computes on GPU 0 beside vLLM and holds 1.0 GiB of it: ...'), one per other program on a
         watched GPU, with what NVML's per-process samples say it computed."""
         notes = []

@@ -17,7 +17,6 @@ from .catalog import CATALOG, EXPORTED_PREFIX, LATEST_HELP
 from .cpu_account import CPU
 from .diagnosis.conditions import CONDITIONS_BY_ID, ConditionSettings
 from .model import SeriesKey, Snapshot
-from .scope import parse_scope
 
 PREFIX = EXPORTED_PREFIX.removesuffix("_")
 WINDOWED = "Windowed over the window_seconds before the last evaluation."
@@ -165,8 +164,7 @@ class SnapshotCollector(Collector):
                 if name not in families:
                     extra = [k for k, _ in signal.extra_labels]
                     families[name] = GaugeMetricFamily(name, f"{signal.help} {WINDOWED}", labels=[*spec.scope_labels, *extra])
-        for key, values in sorted(snapshot.signals.items()):
-            scope = parse_scope(key)
+        for scope, values in sorted(snapshot.signals.items()):
             if scope.kind not in ("engine", "gpu", "host"):  # aggregates stay in /diagnosis
                 continue
             scope_values = {"engine": [scope.engine, scope.model], "gpu": [scope.name], "host": []}[scope.kind]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Reading, Snapshot, Verdict
 from .report import SEVERITY_ORDER
-from .scope import AGGREGATE_SCOPE
+from .scope import AGGREGATE_SCOPE, Scope
 
 Points = list[tuple[float, float]]  # (timestamp, value)
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -68,7 +68,7 @@ def _rate(points: Points) -> Points:
     return [(t1, (v1 - v0) / (t1 - t0)) for (t0, v0), (t1, v1) in itertools.pairwise(points) if t1 > t0 and v1 >= v0]
 
 
-def _signal(snapshots: list[Snapshot], name: str, scope: str = AGGREGATE_SCOPE) -> Points:
+def _signal(snapshots: list[Snapshot], name: str, scope: Scope = AGGREGATE_SCOPE) -> Points:
     return [(s.timestamp, v) for s in snapshots if (v := s.signals.get(scope, {}).get(name)) is not None and math.isfinite(v)]
 
 

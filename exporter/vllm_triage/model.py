@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
-Labels = tuple[tuple[str, str], ...]
-"""Label pairs sorted by name: hashable, so a series key is (name, labels)."""
+from .scope import Labels as Labels  # the label pairs a series key holds; defined beside the scopes made of them
+from .scope import Scope
 
 SeriesKey = tuple[str, Labels]
 
@@ -443,7 +443,7 @@ class Snapshot:
     """Everything the outlets show, computed once per tick."""
 
     timestamp: float
-    signals: dict[str, dict[str, float | None]]  # scope -> signal -> value
+    signals: dict[Scope, dict[str, float | None]]  # scope -> signal -> value
     verdicts: tuple[Verdict, ...]
     sources: tuple[SourceHealth, ...]
     evaluations: int
@@ -473,7 +473,7 @@ class Snapshot:
                 "vllm_starting_seconds": self.vllm_starting_seconds,
                 "conditions": [v.to_json() for v in self.verdicts],
                 "sources": {s.source: s.to_json() for s in self.sources},
-                "signals": self.signals,
+                "signals": {scope.key: values for scope, values in self.signals.items()},
                 "discovery": self.discovery.to_json(),
                 "gpus": _gpus_json(self.latest.get(GPU_SOURCE, {})),
                 "stack_dumps": list(self.stack_dumps),

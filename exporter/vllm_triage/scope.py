@@ -1,63 +1,108 @@
-"""Scopes: what a signal is computed for and a verdict is judged in. Made and read here only.
+"""Scopes: what a signal is computed for and a verdict is judged in. Made here only, read everywhere as a value.
 
-A scope's key is the string /diagnosis shows (`Snapshot.signals`' keys, the store's index):
-`model/engine` for a vLLM engine (`/engine` for an engine's series without a model, such as
-cache_config_info, which belong to every model there), `gpu:<index>`, `gpus:<index>,<index>` for the GPUs
-one data-parallel engine runs on (judged beside that engine), `role:<role>` for vLLM's
-processes, `all` for a source's aggregate (`gpu:all` for the GPUs'), `host` for the processes' and
-the GIL's signals together. `parse_scope` gives the typed view of a key.
+A `Scope` is made once per label set (or per GPU, role, group) and interned: the store, the window views,
+TickInputs and `Snapshot.signals` are keyed by it, and its kind, GPU index, role, model and engine are fields,
+never parsed back from text. Its `key` is the string /diagnosis shows and exported labels carry: `model/engine`
+for a vLLM engine (`/engine` for an engine's series without a model, such as cache_config_info, which belong to
+every model there), `gpu:<index>`, `gpus:<index>,<index>` for the GPUs one data-parallel engine runs on (judged
+beside that engine), `role:<role>` for vLLM's processes, `all` for a source's aggregate (`gpu:all` for the GPUs'),
+`host` for the processes' and the GIL's signals together.
 """
 
 from __future__ import annotations
 
 import sys
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from .model import Labels
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs sorted by name: hashable, so a series key is (name, labels)."""
 
-AGGREGATE_SCOPE = "all"
-HOST_SCOPE = "host"
-_GPU, _GPUS, _ROLE = "gpu:", "gpus:", "role:"
-
-ScopeKind = Literal["engine", "shared", "gpu", "gpu_group", "role", "aggregate", "gpu_aggregate", "host"]
-
-
-class Scope(NamedTuple):
-    kind: ScopeKind
-    name: str = ""  # the GPU index or the role
-    model: str = ""  # engine scopes
-    engine: str = ""
+# The one vocabulary of kinds: a Scope's, a source's (catalog: engine, gpu, host) and a condition's (engine, gpu, or
+# global: judged once for the server, on no scope of its own).
+ScopeKind = Literal["engine", "shared", "gpu", "gpu_group", "role", "aggregate", "gpu_aggregate", "host", "global"]
 
 
-def engine_scope(model: str, engine: str) -> str:
-    return f"{model}/{engine}"
+class Scope:
+    """One scope, interned: equal scopes are the same object (made only by this module's functions), and a
+    dict keyed by scopes hashes each once."""
+
+    __slots__ = ("_hash", "engine", "key", "kind", "members", "model", "name", "shared")
+
+    def __init__(
+        self,
+        kind: ScopeKind,
+        key: str,
+        *,
+        name: str = "",
+        model: str = "",
+        engine: str = "",
+        members: tuple[Scope, ...] = (),
+        shared: tuple[Scope, ...] = (),
+    ) -> None:
+        self.kind = kind
+        self.key = sys.intern(key)
+        self.name = name  # the GPU index or the role
+        self.model = model  # engine scopes
+        self.engine = engine
+        self.members = members  # a GPU group's GPUs
+        self.shared = shared  # an engine's `/engine` scopes, whose series also belong to it
+        self._hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Scope) and other.key == self.key)
+
+    def __lt__(self, other: Scope) -> bool:  # sorted by key: /diagnosis and the exposition list scopes so
+        return self.key < other.key
+
+    def __str__(self) -> str:
+        return self.key
+
+    def __repr__(self) -> str:
+        return f"Scope({self.kind}, {self.key!r})"
 
 
-def gpu_scope(index: str) -> str:
-    return _GPU + index
+AGGREGATE_SCOPE = Scope("aggregate", "all")
+HOST_SCOPE = Scope("host", "host")
+GPU_AGGREGATE_SCOPE = Scope("gpu_aggregate", "gpu:all")
 
 
-def gpu_group_scope(gpus: tuple[str, ...]) -> str:
+@lru_cache(maxsize=4096)
+def _shared(key: str) -> Scope:
+    return Scope("shared", key, engine=key[1:])
+
+
+@lru_cache(maxsize=8192)
+def engine_scope(model: str, engine: str) -> Scope:
+    """A vLLM engine's scope; without a model, the scope of its series shared by every model there."""
+    key = f"{model}/{engine}"
+    if not model:
+        return _shared(key)
+    # the suffixes that start with "/" (model names may contain '/')
+    return Scope("engine", key, model=model, engine=engine, shared=tuple(_shared(key[i:]) for i, char in enumerate(key) if char == "/" and i > 0))
+
+
+@lru_cache(maxsize=1024)
+def gpu_scope(index: str) -> Scope:
+    return Scope("gpu", "gpu:" + index, name=index)
+
+
+@lru_cache(maxsize=1024)
+def gpu_group_scope(gpus: tuple[Scope, ...]) -> Scope:
     """Several GPUs judged as one (`gpu:` scopes in, their indexes in the key)."""
-    return _GPUS + ",".join(g.removeprefix(_GPU) for g in gpus)
+    return Scope("gpu_group", "gpus:" + ",".join(g.name for g in gpus), name=",".join(g.name for g in gpus), members=gpus)
 
 
-@lru_cache(maxsize=256)
-def group_members(key: str) -> tuple[str, ...]:
-    """The GPU scopes of a `gpus:` scope."""
-    return tuple(gpu_scope(index) for index in key.removeprefix(_GPUS).split(","))
+@lru_cache(maxsize=64)
+def role_scope(role: str) -> Scope:
+    return Scope("role", "role:" + role, name=role)
 
 
-def role_scope(role: str) -> str:
-    return _ROLE + role
-
-
-GPU_AGGREGATE_SCOPE = gpu_scope(AGGREGATE_SCOPE)
-
-
-@lru_cache(maxsize=8192)  # labels are shared tuples (make_labels): one scope string per label set
-def scope_of(labels: Labels) -> str:
+@lru_cache(maxsize=8192)  # labels are shared tuples (make_labels): one scope per label set
+def scope_of(labels: Labels) -> Scope:
     """The scope a series belongs to: its engine (V0 pages have no engine label: "0"), its GPU or its
     process role."""
     model = ""
@@ -71,28 +116,4 @@ def scope_of(labels: Labels) -> str:
             return gpu_scope(value)  # GPU series: one scope per GPU
         elif key == "role":
             return role_scope(value)  # vLLM's processes: one scope per role
-    return sys.intern(engine_scope(model, engine))  # one string per engine, not per label set (a model name can be 1 kB)
-
-
-@lru_cache(maxsize=4096)
-def shared_scopes(scope: str) -> tuple[str, ...]:
-    """The `/engine` scopes whose series also belong to `scope` (its suffixes that start with "/")."""
-    return tuple(scope[i:] for i, char in enumerate(scope) if char == "/" and i > 0)
-
-
-@lru_cache(maxsize=4096)
-def parse_scope(key: str) -> Scope:
-    if key == AGGREGATE_SCOPE:
-        return Scope("aggregate")
-    if key == GPU_AGGREGATE_SCOPE:
-        return Scope("gpu_aggregate")
-    if key == HOST_SCOPE:
-        return Scope("host")
-    if key.startswith(_GPUS):
-        return Scope("gpu_group", key.removeprefix(_GPUS))
-    if key.startswith(_GPU):
-        return Scope("gpu", key.removeprefix(_GPU))
-    if key.startswith(_ROLE):
-        return Scope("role", key.removeprefix(_ROLE))
-    model, _, engine = key.rpartition("/")  # model names may contain '/'
-    return Scope("shared" if not model else "engine", model=model, engine=engine)
+    return engine_scope(model, engine)  # one per engine, not per label set (a model name can be 1 kB)

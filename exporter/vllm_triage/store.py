@@ -14,18 +14,18 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from .model import Labels, Reading, SourceHealth, bucket_bound
-from .scope import AGGREGATE_SCOPE, group_members, parse_scope, scope_of, shared_scopes
+from .scope import AGGREGATE_SCOPE, Scope, scope_of
 
 
 class Series(NamedTuple):  # a tuple: made for every sample of every reading, so made cheaply
-    scope: str
+    scope: Scope
     labels: Labels
     value: float
     le: float | None = None  # a histogram bucket's upper bound, parsed once on arrival
 
 
 @lru_cache(maxsize=16384)  # labels are shared tuples (make_labels): read once per label set (32 engines fit), not per reading
-def _scope_and_bound(labels: Labels, bucket: bool) -> tuple[str, float | None]:
+def _scope_and_bound(labels: Labels, bucket: bool) -> tuple[Scope, float | None]:
     return scope_of(labels), bucket_bound(next((v for k, v in labels if k == "le"), None)) if bucket else None
 
 
@@ -36,14 +36,14 @@ class Frame:
 
     timestamp: float
     by_name: dict[str, tuple[Series, ...]]
-    by_scope: dict[str, dict[str, tuple[Series, ...]]]
+    by_scope: dict[Scope, dict[str, tuple[Series, ...]]]
     meta: Mapping[str, object]
     memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_reading(cls, reading: Reading) -> Frame:
         grouped: dict[str, list[Series]] = {}
-        scoped: dict[str, dict[str, list[Series]]] = {}
+        scoped: dict[Scope, dict[str, list[Series]]] = {}
         for (name, labels), value in reading.samples.items():
             scope, le = _scope_and_bound(labels, name.endswith("_bucket"))
             series = Series(scope, labels, value, le)
@@ -52,28 +52,28 @@ class Frame:
         by_scope = {scope: {k: tuple(v) for k, v in names.items()} for scope, names in scoped.items()}
         return cls(reading.timestamp, {k: tuple(v) for k, v in grouped.items()}, by_scope, reading.meta)
 
-    def holds(self, scope: str) -> bool:
+    def holds(self, scope: Scope) -> bool:
         """Whether any series of the frame is the scope's own (not only its engine's shared ones)."""
-        if scope == AGGREGATE_SCOPE:
+        if scope is AGGREGATE_SCOPE:
             return bool(self.by_name)
-        if parse_scope(scope).kind == "gpu_group":
-            return any(member in self.by_scope for member in group_members(scope))
+        if scope.kind == "gpu_group":
+            return any(member in self.by_scope for member in scope.members)
         return scope in self.by_scope
 
-    def series(self, name: str, scope: str) -> tuple[Series, ...]:
+    def series(self, name: str, scope: Scope) -> tuple[Series, ...]:
         """The series of `name` that belong to `scope`: all of them for the aggregate, else the scope's
         own plus its engine's shared ones. An index lookup, so judging many engines stays linear."""
-        if scope == AGGREGATE_SCOPE:
+        if scope is AGGREGATE_SCOPE:
             return self.by_name.get(name, ())
         key = ("series", name, scope)
         found = self.memo.get(key)
         if found is None:
-            if parse_scope(scope).kind == "gpu_group":
-                found = tuple(s for member in group_members(scope) for s in self.by_scope.get(member, {}).get(name, ()))
+            if scope.kind == "gpu_group":
+                found = tuple(s for member in scope.members for s in self.by_scope.get(member, {}).get(name, ()))
             else:
                 own = self.by_scope.get(scope)
                 found = own.get(name, ()) if own is not None else ()
-                for shared in shared_scopes(scope):
+                for shared in scope.shared:
                     found += self.by_scope.get(shared, {}).get(name, ())
                 if own is None:
                     # Not remembered for a scope the frame does not hold: an engine under a model name new since this

@@ -375,7 +375,7 @@ def test_model_names_that_change_every_scrape_cost_about_what_stable_names_cost(
                 samples, meta = parse_page(text.replace('model_name="', f'model_name="{name}'), keep=VLLM_SAMPLES_READ, memo=memo)
                 pipeline.feed(Reading("vllm", 2.0 * tick, True, samples, meta=meta))
                 snapshot = pipeline.evaluate(2.0 * tick)
-            assert sum(1 for scope in snapshot.signals if scope.startswith(name)) == 4  # today's engines are judged
+            assert sum(1 for scope in snapshot.signals if scope.model.startswith(name)) == 4  # today's engines are judged
             return tracemalloc.get_traced_memory()[0]
         finally:
             tracemalloc.stop()

@@ -224,9 +224,12 @@ def test_history_from_prometheus_names_what_is_wrong(argv, said, capsys):
 def test_fleet_names_replicas_out_of_balance():
     from vllm_triage.fleet import Server, imbalances
     from vllm_triage.model import Snapshot
+    from vllm_triage.scope import AGGREGATE_SCOPE
 
     def server(pod: str, model: str, waiting: float) -> Server:
-        snapshot = Snapshot(timestamp=0.0, signals={"all": {"requests_waiting_mean": waiting}}, verdicts=(), sources=(), evaluations=1, window_seconds=60)
+        snapshot = Snapshot(
+            timestamp=0.0, signals={AGGREGATE_SCOPE: {"requests_waiting_mean": waiting}}, verdicts=(), sources=(), evaluations=1, window_seconds=60
+        )
         return Server("llm", pod, "", model, snapshot)
 
     found = imbalances([server("a-0", "a", 12.0), server("a-1", "a", 0.0), server("b-0", "b", 9.0), server("b-1", "b", 8.0)])

@@ -11,6 +11,7 @@ from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import evaluate
 from vllm_triage.report import format_report
+from vllm_triage.scope import engine_scope
 from vllm_triage.store import Store
 
 from .pages import Counters, failed, page, reading
@@ -355,7 +356,7 @@ def test_a_hung_engine_is_engine_wedged_within_seconds_and_clears_when_tokens_fl
     wedged = verdict(stalled[-1], "engine_wedged")
     assert wedged.cause == "unknown" and any("not visible" in e.text for e in wedged.evidence)
     assert stalled[-1].primary == "engine_wedged"
-    assert stalled[-1].signals["m/0"]["seconds_since_last_token"] == 30.0
+    assert stalled[-1].signals[engine_scope("m", "0")]["seconds_since_last_token"] == 30.0
     # the frozen gauges make no other story: the queue and the idle GPU are the hang's
     assert verdict(stalled[-1], "queue_backlog").suppressed_by == "engine_wedged"
     resumed = s.run(2, running=4)
@@ -374,7 +375,7 @@ def test_a_hang_is_engine_wedged_for_as_long_as_it_lasts_and_clients_that_leave_
     first = states.index("active")
     assert first in (12, 13, 14), states[:16]  # 20 s of standstill and its 5 s `for`
     assert set(states[first:]) == {"active"}, states
-    assert hung[first].signals["m/0"]["requests_stalled"] == 8
+    assert hung[first].signals[engine_scope("m", "0")]["requests_stalled"] == 8
     resumed = [s.run(2, running=8) for _ in range(6)]  # tokens flow again
     assert verdict(resumed[-1], "engine_wedged").state == "inactive"
 
@@ -383,7 +384,7 @@ def test_a_hang_is_engine_wedged_for_as_long_as_it_lasts_and_clients_that_leave_
     s.run(2, running=8, finish_per_step=0, producing=False)  # read between the last token and the aborts
     gone = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(30)]
     assert {verdict(snap, "engine_wedged").state for snap in gone} == {"inactive"}
-    assert gone[-1].signals["m/0"]["seconds_stalled_with_requests_pending"] == 0.0
+    assert gone[-1].signals[engine_scope("m", "0")]["seconds_stalled_with_requests_pending"] == 0.0
 
 
 def test_requests_that_finish_during_a_pause_are_no_hang():
@@ -402,7 +403,7 @@ def test_a_thrash_that_recomputes_without_a_token_is_not_a_hang():
     s.run(60, running=16, waiting=40, kv=1.0, preempt_per_step=2)
     thrash = [s.run(2, running=16, waiting=40, kv=1.0, preempt_per_step=1, finish_per_step=0, producing=False) for _ in range(15)]
     assert {verdict(snap, "engine_wedged").state for snap in thrash} == {"inactive"}
-    assert thrash[-1].signals["m/0"]["seconds_since_last_token"] == 30.0  # no token indeed
+    assert thrash[-1].signals[engine_scope("m", "0")]["seconds_since_last_token"] == 30.0  # no token indeed
     hung = [s.run(2, running=16, waiting=40, kv=1.0, finish_per_step=0, producing=False) for _ in range(15)]
     assert verdict(hung[-1], "engine_wedged").state == "active"
 
@@ -442,7 +443,7 @@ def test_an_idle_engine_or_a_long_prefill_is_not_wedged():
     s = Scenario(engine())
     idle = [s.run(2, running=0, finish_per_step=0, producing=False) for _ in range(20)]
     assert {verdict(snap, "engine_wedged").state for snap in idle[1:]} == {"inactive"}  # the first page: no step yet
-    assert idle[-1].signals["m/0"]["seconds_since_last_token"] == 20.0  # the whole window: at least that long
+    assert idle[-1].signals[engine_scope("m", "0")]["seconds_since_last_token"] == 20.0  # the whole window: at least that long
     # prefills of 12 s were seen: one request prefilling for 30 s produces no token and is no hang yet
     s = Scenario(engine(window=60.0))
     for _ in range(10):
@@ -469,7 +470,7 @@ def test_an_engine_that_steps_through_a_long_prefill_is_not_wedged_and_one_that_
             snapshots.append(s.run(2, running=1, finish_per_step=0, producing=False))
         wedged = [snap.timestamp for snap in snapshots if verdict(snap, "engine_wedged").active]
         if stepping:
-            assert not wedged and snapshots[-1].signals["m/0"]["engine_steps_per_second"] == 5.0
+            assert not wedged and snapshots[-1].signals[engine_scope("m", "0")]["engine_steps_per_second"] == 5.0
         else:
             assert wedged, [e.text for e in verdict(snapshots[-1], "engine_wedged").evidence]
 
@@ -512,7 +513,7 @@ def spec_decode_run(accepted_per_draft: float, drafts_per_second: float = 20.0):
         store.add(reading(float(t), text))
         snapshot = evaluate(eng, store, float(t), derive_settings=DERIVE)
     assert snapshot is not None
-    return verdict(snapshot, "spec_decode_ineffective"), snapshot.signals["m/0"]
+    return verdict(snapshot, "spec_decode_ineffective"), snapshot.signals[engine_scope("m", "0")]
 
 
 def test_speculative_decoding_whose_drafts_are_rejected_is_ineffective():
@@ -537,7 +538,7 @@ def test_high_itl_from_prefill_chunks_advises_a_max_num_batched_tokens_within_th
         store.add(reading(float(t), page(8, 0, 0.5, c)))
         snapshot = evaluate(eng, store, float(t), derive_settings=DERIVE)
     assert snapshot is not None
-    v, values = verdict(snapshot, "itl_high"), snapshot.signals["m/0"]
+    v, values = verdict(snapshot, "itl_high"), snapshot.signals[engine_scope("m", "0")]
     assert v.state == "active", [e.text for e in v.evidence]
     (advice,) = v.advice
     chunk = int(advice.split()[1].rstrip(":"))

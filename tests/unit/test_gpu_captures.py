@@ -10,6 +10,7 @@ import pytest
 from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.pipeline import evaluate, replay
+from vllm_triage.scope import gpu_scope
 
 from harness.gpu.truth import STARVED_EXPECTED, STARVED_REPLAY_CONFIG, check, check_causes, read_phases, replay_config
 
@@ -41,12 +42,12 @@ def test_util_gpu_100_percent_while_sms_idle_is_busy_not_computing(tmp_path):
     assert verdict.state == "active"
     values = {e.signal: e.value for e in verdict.evidence}
     assert values["gpu_utilization_ratio_mean"] >= 0.95 and values["gpu_sm_active_ratio_mean"] <= 0.05
-    assert last.signals["gpu:0"]["gpu_sm_activity_from_gpm"] == 1.0
+    assert last.signals[gpu_scope("0")]["gpu_sm_activity_from_gpm"] == 1.0
 
 
 def test_sw_power_cap_under_a_matmul_is_not_throttling(tmp_path):
     last = snapshot_at_end_of("compute", tmp_path)
-    assert last.signals["gpu:0"]["gpu_clock_event_sw_power_cap_ratio"] > 0.9  # set nearly all the time ...
+    assert last.signals[gpu_scope("0")]["gpu_clock_event_sw_power_cap_ratio"] > 0.9  # set nearly all the time ...
     assert next(v for v in last.verdicts if v.condition == "gpu_throttled").state == "inactive"  # ... and not a throttle
 
 

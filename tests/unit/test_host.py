@@ -14,6 +14,7 @@ from vllm_triage.derive import DeriveSettings
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
 from vllm_triage.pipeline import evaluate
+from vllm_triage.scope import HOST_SCOPE
 from vllm_triage.sources.process import ProcessSource
 from vllm_triage.store import Store
 
@@ -88,7 +89,7 @@ def test_gpu_starved_names_the_saturated_thread():
     assert v.state == "active"
     texts = [e.text for e in v.evidence]
     assert any('engine_core 0 (pid 7): busiest thread "VLLM::EngineCor" (main thread) at 0.97' in t for t in texts)
-    assert snapshot.signals["host"]["host_engine_core_cpu_cores"] is not None
+    assert snapshot.signals[HOST_SCOPE]["host_engine_core_cpu_cores"] is not None
 
 
 def test_gpu_not_starved_when_the_gpu_computes():

@@ -41,6 +41,7 @@ from vllm_triage.capture import demo_capture_path, read_description, read_readin
 from vllm_triage.config import Config, load
 from vllm_triage.model import VLLM_SOURCE
 from vllm_triage.pipeline import Pipeline, replay
+from vllm_triage.scope import HOST_SCOPE, engine_scope, gpu_scope
 from vllm_triage.signals.window import RECENT_SECONDS
 from vllm_triage.traces import summarize_paths
 
@@ -129,10 +130,10 @@ def test_a_small_cache_is_full_within_one_block_not_only_at_exactly_one(tmp_path
     35 requests waited and ~6.5 preemptions/s ran. Full is judged within one block."""
     _, phases = capture("serving")
     steady = in_phase(replayed("serving", short_settings(tmp_path)), phases, "kv_saturation", settle=24)
-    peaks = [s.signals["tiny/0"]["kv_cache_usage_ratio_max"] for s in steady]
+    peaks = [s.signals[engine_scope("tiny", "0")]["kv_cache_usage_ratio_max"] for s in steady]
     assert min(peaks) < 0.99, "the capture must hold windows that never sampled a full cache"
     assert all(verdict(s, "kv_cache_saturated").active for s in steady)
-    below = next(s for s in steady if s.signals["tiny/0"]["kv_cache_usage_ratio_max"] < 0.99)
+    below = next(s for s in steady if s.signals[engine_scope("tiny", "0")]["kv_cache_usage_ratio_max"] < 0.99)
     assert any("within one KV block" in e.text for e in verdict(below, "kv_cache_saturated").evidence)
 
 
@@ -141,7 +142,7 @@ def test_queue_time_quantiles_stay_within_what_the_mean_allows(tmp_path):
     whole first bucket, 0-0.3 s): a quantile of non-negative values is at most mean / (1 - q)."""
     _, phases = capture("serving")
     for snapshot in in_phase(replayed("serving", short_settings(tmp_path)), phases, "underload", settle=24):
-        values = snapshot.signals["tiny/0"]
+        values = snapshot.signals[engine_scope("tiny", "0")]
         mean = values["queue_time_seconds_mean"]
         assert mean < 0.001
         assert values["queue_time_seconds_p50"] <= 2 * mean + 1e-12 and values["queue_time_seconds_p95"] <= 20 * mean + 1e-12
@@ -150,7 +151,7 @@ def test_queue_time_quantiles_stay_within_what_the_mean_allows(tmp_path):
 def test_live_token_ratio_never_reads_impossible(tmp_path):
     for name in ("serving", "gpu_heavy", "cpu_bound"):
         for snapshot in replayed(name, short_settings(tmp_path)):
-            value = snapshot.signals.get("tiny/0", {}).get("kv_live_token_ratio")
+            value = snapshot.signals.get(engine_scope("tiny", "0"), {}).get("kv_live_token_ratio")
             assert value is None or 0 <= value <= 1, (name, value)
 
 
@@ -196,7 +197,7 @@ def test_the_profilers_trace_and_the_sidecar_tell_the_same_story():
     assert at["kv_saturation"].primary == "kv_cache_saturated" and verdict(at["kv_saturation"], "gpu_starved").role == "secondary"
     summaries, _ = summarize_paths([str(DATA / "vllm-0.26.0-h200-profile-underload")])
     (gpu,) = summaries[0].gpus
-    sm_active = at["underload"].signals["gpu:0"]["gpu_sm_active_ratio_mean"]
+    sm_active = at["underload"].signals[gpu_scope("0")]["gpu_sm_active_ratio_mean"]
     assert gpu.busy_ratio < 0.15 and sm_active < 0.15
     assert any("gpu_starved" in finding for finding in summaries[0].findings)
 
@@ -240,7 +241,7 @@ def test_model_flops_and_bandwidth_utilization_on_the_h200_against_its_roofline(
     snapshots = replayed("efficiency_wedge", short_settings(tmp_path))
 
     def steady(phase: str, following: str) -> list[dict]:
-        return [s.signals["tiny/0"] | s.signals["gpu:0"] for s in snapshots if marks[phase] + 24 <= s.timestamp <= marks[following]]
+        return [s.signals[engine_scope("tiny", "0")] | s.signals[gpu_scope("0")] for s in snapshots if marks[phase] + 24 <= s.timestamp <= marks[following]]
 
     prefill, decode = steady("prefill_heavy", "decode_heavy"), steady("decode_heavy", "wedged")
     assert all(s["roofline_memory_bound"] == 0.0 for s in prefill) and all(s["roofline_memory_bound"] == 1.0 for s in decode)
@@ -259,7 +260,7 @@ def test_saturation_advice_carries_its_numbers(tmp_path):
     _, phases = capture("serving")
     steady = in_phase(replayed("serving", short_settings(tmp_path)), phases, "kv_saturation", settle=24)
     for snapshot in steady:
-        values, kv = snapshot.signals["tiny/0"], verdict(snapshot, "kv_cache_saturated")
+        values, kv = snapshot.signals[engine_scope("tiny", "0")], verdict(snapshot, "kv_cache_saturated")
         fit = values["kv_requests_that_fit"]
         blocks_each = -(-(values["prompt_tokens_mean"] + values["generation_tokens_mean"]) // values["block_size_tokens"])
         assert 1 <= fit < 32 and fit * blocks_each <= 47 < (fit + 1) * blocks_each, values
@@ -294,7 +295,7 @@ def test_an_engine_core_sharing_its_cpu_with_busy_processes_starves_the_gpu_with
     assert starved.cause == "cpu_contention" and first.primary == "gpu_starved", (starved.cause, first.primary)
     texts = [e.text for e in starved.evidence]
     assert any("cause cpu_contention" in t for t in texts) and any("s per second for a CPU" in t and "it may run on 1 CPU" in t for t in texts), texts
-    host = first.signals["host"]
+    host = first.signals[HOST_SCOPE]
     assert host["host_engine_core_busiest_thread_cpu_ratio_recent"] < 0.85 <= host["host_engine_core_thread_cpu_demand_ratio_recent"]
     print(f"{name}: gpu_starved {first.timestamp - marks['contention_started']:.0f} s after the contention started")
     if name == "contention-2":
@@ -344,9 +345,11 @@ def test_a_kernel_that_does_not_finish_is_engine_wedged_with_cause_hung_kernel_t
     wedged = verdict(first, "engine_wedged")
     assert wedged.cause == "hung_kernel" and first.primary == "engine_wedged"
     assert any("a kernel is resident and does not finish" in e.text for e in wedged.evidence), [e.text for e in wedged.evidence]
-    assert first.signals["tiny/0"]["requests_stalled"] == 0  # vLLM's gauges saw nothing pending since the freeze
+    assert first.signals[engine_scope("tiny", "0")]["requests_stalled"] == 0  # vLLM's gauges saw nothing pending since the freeze
     tokens_again = next(
-        s.timestamp for s in snapshots if s.timestamp > marks["kernel_hung"] + 20 and (s.signals["tiny/0"]["seconds_since_last_token"] or 0) == 0
+        s.timestamp
+        for s in snapshots
+        if s.timestamp > marks["kernel_hung"] + 20 and (s.signals[engine_scope("tiny", "0")]["seconds_since_last_token"] or 0) == 0
     )
     cleared = next(s for s in snapshots if s.timestamp >= first.timestamp and not verdict(s, "engine_wedged").active)
     assert cleared.timestamp - tokens_again <= 5
@@ -434,7 +437,7 @@ def test_another_program_on_vllms_gpu_is_seen_by_nvml_and_no_group_verdict_rises
     snapshots = replayed("foreign", load(env={}))
 
     def sm_activity_at(moment: float) -> float:  # the window mean of the 60 s before it
-        return [s for s in snapshots if s.timestamp <= moment][-1].signals["gpu:0"]["gpu_sm_activity_ratio"]
+        return [s for s in snapshots if s.timestamp <= moment][-1].signals[gpu_scope("0")]["gpu_sm_activity_ratio"]
 
     serving, shared = sm_activity_at(marks["shared"]), sm_activity_at(ended)
     assert shared > serving + 0.1, (serving, shared)

@@ -13,6 +13,7 @@ from vllm_triage.capture import read_readings
 from vllm_triage.config import load
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Labels, Reading, Snapshot, make_labels
 from vllm_triage.pipeline import replay
+from vllm_triage.scope import gpu_scope
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # vLLM 0.26.0 on the H200 serving 8 layers of 8192 (dummy weights) to 128 clients: SM 0.62, util.gpu 0.75, ~8,000 tokens/s
@@ -104,7 +105,7 @@ def test_the_group_of_two_gpus_is_found_and_a_balanced_group_holds_no_tp_verdict
     assert snapshot.discovery.parallelism[0].startswith("engine 0: TP=2, 2 ranks on GPUs 0,1: TP0 GPU 0 (worker pid 900001)")
     for condition in ("tp_straggler", "communication_bound", "tp_rank_lost"):
         assert verdict(snapshot, condition).state == "inactive", (condition, texts(verdict(snapshot, condition)))
-    assert snapshot.signals["gpu:1"]["gpu_sm_clock_to_peers_ratio"] == 1.0 and snapshot.signals["gpu:0"]["gpu_peers"] == 1.0
+    assert snapshot.signals[gpu_scope("1")]["gpu_sm_clock_to_peers_ratio"] == 1.0 and snapshot.signals[gpu_scope("0")]["gpu_peers"] == 1.0
 
 
 def test_a_gpu_whose_clock_runs_below_its_peers_is_the_straggler_and_names_its_brake():
@@ -204,7 +205,9 @@ def test_a_rank_whose_gpu_another_program_computes_on_is_the_straggler_on_the_h2
     snapshot = judged(as_tensor_parallel(timeline, gpu1_from=beside), timeline[-1].timestamp)
     straggler = verdict(snapshot, "tp_straggler")
     assert straggler.active and straggler.scopes == ("gpu:1",) and straggler.cause == "foreign_process", texts(straggler)
-    assert snapshot.signals["gpu:1"]["gpu_sm_activity_to_peers_ratio"] > 1.15 and snapshot.signals["gpu:0"]["gpu_foreign_compute_processes_max"] == 0
+    assert (
+        snapshot.signals[gpu_scope("1")]["gpu_sm_activity_to_peers_ratio"] > 1.15 and snapshot.signals[gpu_scope("0")]["gpu_foreign_compute_processes_max"] == 0
+    )
 
 
 def as_two_engines(
@@ -260,14 +263,14 @@ def test_with_two_data_parallel_engines_a_gpu_is_compared_with_its_own_group_onl
     straggler = verdict(snapshot, "tp_straggler")
     assert straggler.active and straggler.scopes == ("gpu:3",) and straggler.cause == "clocks", texts(straggler)
     assert any("GPUs in its tensor-parallel group (the rank map) 2 is >= 2" in t for t in texts(straggler)), texts(straggler)
-    assert snapshot.signals["gpu:3"]["gpu_peers"] == 1.0 and snapshot.signals["gpu:0"]["gpu_sm_clock_to_peers_ratio"] == 1.0
+    assert snapshot.signals[gpu_scope("3")]["gpu_peers"] == 1.0 and snapshot.signals[gpu_scope("0")]["gpu_sm_clock_to_peers_ratio"] == 1.0
 
     def engine1_slower(index: int, name: str, value: float) -> float:
         return value * 0.8 if name == "gpu_sm_clock_hertz" else value
 
     slower = judged(as_two_engines(readings, engine1_slower), end)
     assert verdict(slower, "tp_straggler").state == "inactive", texts(verdict(slower, "tp_straggler"))
-    assert slower.signals["gpu:2"]["gpu_sm_clock_to_peers_ratio"] == 1.0
+    assert slower.signals[gpu_scope("2")]["gpu_sm_clock_to_peers_ratio"] == 1.0
 
 
 def test_with_two_data_parallel_engines_each_is_judged_beside_its_own_gpus():

@@ -7,7 +7,7 @@ import random
 
 import pytest
 from vllm_triage.model import VLLM_SOURCE, Reading, SeriesKey, make_labels
-from vllm_triage.scope import AGGREGATE_SCOPE
+from vllm_triage.scope import AGGREGATE_SCOPE, Scope, engine_scope
 from vllm_triage.signals.vllm import VLLM_SIGNALS
 from vllm_triage.signals.window import ServerFacts, WindowView, compute_signals, counter_step, histogram_quantile
 from vllm_triage.store import Frame, Store
@@ -28,19 +28,19 @@ def generated_tokens(totals: list[tuple[float, float]]) -> Store:
 def test_counter_increase_sums_steps_and_a_reset_starts_a_new_baseline():
     # vLLM restarted between t=2 and t=3: 30 -> 4. The reset step contributes nothing, never a negative.
     store = generated_tokens([(0, 10), (1, 20), (2, 30), (3, 4), (4, 9)])
-    assert WindowView(store.window("vllm", 0, 2)).increase("vllm:generation_tokens_total", "m/0") == 20
-    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:generation_tokens_total", "m/0") == 25
+    assert WindowView(store.window("vllm", 0, 2)).increase("vllm:generation_tokens_total", engine_scope("m", "0")) == 20
+    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:generation_tokens_total", engine_scope("m", "0")) == 25
     # the steps kept in the frames give the same answer at the next tick, over a moved window
-    assert WindowView(store.window("vllm", 1, 4)).increase("vllm:generation_tokens_total", "m/0") == 15
-    assert WindowView(store.window("vllm", 0, 0)).increase("vllm:generation_tokens_total", "m/0") is None
-    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:no_such_counter_total", "m/0") is None
+    assert WindowView(store.window("vllm", 1, 4)).increase("vllm:generation_tokens_total", engine_scope("m", "0")) == 15
+    assert WindowView(store.window("vllm", 0, 0)).increase("vllm:generation_tokens_total", engine_scope("m", "0")) is None
+    assert WindowView(store.window("vllm", 0, 4)).increase("vllm:no_such_counter_total", engine_scope("m", "0")) is None
 
 
 def test_rate_over_a_window_with_a_restart():
     store = generated_tokens([(0, 100), (10, 120), (20, 140), (30, 5), (40, 25)])
     view = WindowView(store.window("vllm", 0, 40))
     # 20 + 20 + (reset) + 20 tokens over 40 s
-    assert view.rate("vllm:generation_tokens_total", "m/0") == pytest.approx(60 / 40)
+    assert view.rate("vllm:generation_tokens_total", engine_scope("m", "0")) == pytest.approx(60 / 40)
 
 
 def test_histogram_quantile_matches_a_known_distribution():
@@ -69,7 +69,7 @@ def test_quantiles_come_from_deltas_not_from_the_whole_history():
     store.add(reading(100, page(1, 0, 0.1, c)))
     c.ttft += [0.03] * 50  # the window: all fast
     store.add(reading(160, page(1, 0, 0.1, c)))
-    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    signals = compute_signals(WindowView(store.window("vllm", 100, 160)), engine_scope("m", "0"), ServerFacts(256), VLLM_SIGNALS)
     assert signals["ttft_seconds_observations"] == 50
     assert signals["ttft_seconds_p95"] is not None and signals["ttft_seconds_p95"] <= 0.05
     # The cumulative histogram (what a naive reading of /metrics gives) says the opposite.
@@ -85,10 +85,10 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
         text = page(3, waiting, 0.5, c, engine="0") + page(1, 0, 0.9, c, engine="1").replace("# TYPE", "# IGNORED")
         store.add(reading(t, text))
     view = WindowView(store.window("vllm", 0, 20))
-    assert view.scopes() == ["m/0", "m/1"]
-    engine0 = compute_signals(view, "m/0", ServerFacts(256), VLLM_SIGNALS)
+    assert view.scopes() == [engine_scope("m", "0"), engine_scope("m", "1")]
+    engine0 = compute_signals(view, engine_scope("m", "0"), ServerFacts(256), VLLM_SIGNALS)
     assert (engine0["requests_waiting_min"], engine0["requests_waiting_mean"], engine0["requests_waiting_max"]) == (2, 4, 6)
-    total = compute_signals(view, "all", ServerFacts(256), VLLM_SIGNALS)
+    total = compute_signals(view, AGGREGATE_SCOPE, ServerFacts(256), VLLM_SIGNALS)
     assert total["requests_running_mean"] == 4  # running sums over engines
     assert total["kv_cache_usage_ratio_mean"] == 0.9  # KV usage: the fullest engine
 
@@ -96,7 +96,7 @@ def test_gauge_min_mean_max_and_aggregate_over_engines():
 def test_a_single_frame_gives_no_rates():
     store = Store(horizon_seconds=300)
     store.add(reading(0, page(1, 0, 0.1, Counters())))
-    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    signals = compute_signals(WindowView(store.window("vllm", 0, 0)), engine_scope("m", "0"), ServerFacts(256), VLLM_SIGNALS)
     assert signals["requests_running_mean"] == 1
     assert signals["preemptions_per_second"] is None
 
@@ -126,20 +126,20 @@ H200 = ServerFacts(256, 989e12, 4.8e12)
 
 def test_model_flops_and_bandwidth_utilization_against_the_gpus_peaks():
     # decode-like: 2.4 TB/s at 60 FLOPs per byte, under the H200's ridge (989e12 / 4.8e12 = 206 FLOPs per byte)
-    decode = compute_signals(WindowView(mfu_store(144e12, 2.4e12).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    decode = compute_signals(WindowView(mfu_store(144e12, 2.4e12).window("vllm", 0, 20)), engine_scope("m", "0"), H200, VLLM_SIGNALS)
     assert decode["model_flops_utilization_ratio"] == pytest.approx(144 / 989)
     assert decode["model_bandwidth_utilization_ratio"] == pytest.approx(0.5)
     assert decode["roofline_memory_bound"] == 1.0
     assert decode["roofline_attainment_ratio"] == pytest.approx(0.5)  # half the memory roof at its intensity
     # prefill-like: 1000 FLOPs per byte, past the ridge: the compute roof; 495 of 989 TFLOP/s
-    prefill = compute_signals(WindowView(mfu_store(494.5e12, 0.4945e12).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    prefill = compute_signals(WindowView(mfu_store(494.5e12, 0.4945e12).window("vllm", 0, 20)), engine_scope("m", "0"), H200, VLLM_SIGNALS)
     assert prefill["roofline_memory_bound"] == 0.0 and prefill["roofline_attainment_ratio"] == pytest.approx(0.5)
 
 
 def test_no_mfu_without_the_flag_or_a_known_gpu():
-    off = compute_signals(WindowView(mfu_store(0.0, 0.0).window("vllm", 0, 20)), "m/0", H200, VLLM_SIGNALS)
+    off = compute_signals(WindowView(mfu_store(0.0, 0.0).window("vllm", 0, 20)), engine_scope("m", "0"), H200, VLLM_SIGNALS)
     assert off["model_flops_per_second"] is None and off["model_flops_utilization_ratio"] is None  # counters at 0: the flag is off
-    unknown_gpu = compute_signals(WindowView(mfu_store(1e12, 1e11).window("vllm", 0, 20)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    unknown_gpu = compute_signals(WindowView(mfu_store(1e12, 1e11).window("vllm", 0, 20)), engine_scope("m", "0"), ServerFacts(256), VLLM_SIGNALS)
     assert unknown_gpu["model_flops_per_second"] == pytest.approx(1e12) and unknown_gpu["model_flops_utilization_ratio"] is None
 
 
@@ -152,7 +152,7 @@ def test_prompt_tokens_by_origin_are_shares_of_the_window():
             for source, value in (("local_compute", computed), ("local_cache_hit", cached), ("external_kv_transfer", 0.0))
         )
         store.add(reading(float(t * 10), text))
-    signals = compute_signals(WindowView(store.window("vllm", 0, 10)), "m/0", ServerFacts(256), VLLM_SIGNALS)
+    signals = compute_signals(WindowView(store.window("vllm", 0, 10)), engine_scope("m", "0"), ServerFacts(256), VLLM_SIGNALS)
     assert signals["prompt_tokens_local_compute_ratio"] == pytest.approx(0.3)
     assert signals["prompt_tokens_local_cache_hit_ratio"] == pytest.approx(0.7)
     assert signals["prompt_tokens_external_kv_transfer_ratio"] == 0.0
@@ -175,7 +175,7 @@ def _plain_increase(frames: list[Frame], name: str, scope: str) -> float | None:
     return total if seen else None
 
 
-def _plain_buckets(frames: list[Frame], name: str, scope: str) -> list[tuple[float, float]]:
+def _plain_buckets(frames: list[Frame], name: str, scope: Scope) -> list[tuple[float, float]]:
     by_bound: dict[float, float] = {}
     for previous, frame in itertools.pairwise(frames):
         before = {s.labels: s.value for s in previous.series(name + "_bucket", scope)}
@@ -210,10 +210,10 @@ def test_window_sums_kept_in_frames_match_the_plain_sums_whatever_windows_ask_an
     for start, end in asked:
         frames = store.window(VLLM_SOURCE, start, end)
         view = WindowView(frames)
-        for scope in ("m/0", "m/1", AGGREGATE_SCOPE):
+        for scope in (engine_scope("m", "0"), engine_scope("m", "1"), AGGREGATE_SCOPE):
             assert view.increase(COUNTER, scope) == pytest.approx(_plain_increase(frames, COUNTER, scope), rel=1e-12), (start, end, scope)
-        histogram = view.histogram(HISTOGRAM, "m/0")
-        plain = _plain_buckets(frames, HISTOGRAM, "m/0")
+        histogram = view.histogram(HISTOGRAM, engine_scope("m", "0"))
+        plain = _plain_buckets(frames, HISTOGRAM, engine_scope("m", "0"))
         assert (histogram.buckets if histogram else []) == plain, (start, end)  # counts: whole numbers, exact
 
 
@@ -221,5 +221,5 @@ def test_a_counter_that_stood_still_increases_by_exactly_zero():
     """engine_wedged reads "no token in 20 s" as an increase of 0: running totals of fractional steps must
     not leave a rounding remainder over a window where nothing moved."""
     store = generated_tokens([(t, 0.1 * t) for t in range(21)] + [(t, 2.0) for t in range(21, 40)])
-    assert WindowView(store.window(VLLM_SOURCE, 0, 39)).increase(COUNTER, "m/0") == pytest.approx(2.0)  # totals from frame 0
-    assert WindowView(store.window(VLLM_SOURCE, 22, 39)).increase(COUNTER, "m/0") == 0.0
+    assert WindowView(store.window(VLLM_SOURCE, 0, 39)).increase(COUNTER, engine_scope("m", "0")) == pytest.approx(2.0)  # totals from frame 0
+    assert WindowView(store.window(VLLM_SOURCE, 22, 39)).increase(COUNTER, engine_scope("m", "0")) == 0.0

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..model import VLLM_SOURCE
+from ..scope import ScopeKind
 from .judge import Judge, Term
 
 
@@ -47,7 +48,7 @@ class Condition:
     dont: tuple[str, ...] = ()  # what not to do: common misreadings of the signals (printed in the runbooks)
     # Its own default window, where the global window_seconds could be too short for its thresholds.
     window_seconds: float | None = None
-    scope_kind: str = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
+    scope_kind: ScopeKind = "engine"  # judged per vLLM engine | per "gpu" | once ("global"); active when any scope holds
     # When the predicate fails and this returns a reason (the opposite clearly holds), the condition
     # clears at once instead of after clear_for: a stale verdict must not lead the next incident.
     contradicted: Callable[[Mapping[str, float | None]], str | None] | None = None

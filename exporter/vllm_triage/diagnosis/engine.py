@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..model import VLLM_SOURCE, Evidence, SourceHealth, Verdict
-from ..scope import AGGREGATE_SCOPE
+from ..scope import AGGREGATE_SCOPE, Scope
 from .conditions import CONDITIONS, CONDITIONS_BY_ID, Condition, ConditionSettings
 from .inputs import Notes, ScopedSignals, TickInputs, Wants
 from .judge import Judge, Term
@@ -252,7 +252,7 @@ class Engine:
             for text in notes.change if "change" in condition.notes else ():
                 judge.note(text)
             return _Outcome(term.holds, term.score, judge.evidence, judge.missing, judge.cause)
-        scopes = [s for s in per_scope if s != AGGREGATE_SCOPE]
+        scopes = [s for s in per_scope if s is not AGGREGATE_SCOPE]
         if not scopes:
             what = "GPU readings" if condition.scope_kind == "gpu" else "vLLM scrapes"
             failing = [h for name in condition.sources if (h := health.get(name)) is not None and h.up is False]
@@ -260,12 +260,12 @@ class Engine:
                 window = f"{settings.window_seconds:.0f} s window"
                 return _Outcome(None, 0.0, missing=[f"source {h.source} is down: no {what} left in the {window}" for h in failing])
             return _Outcome(None, 0.0, missing=[f"no {what} in the {settings.window_seconds:.0f} s window"])
-        results: list[tuple[str, Term, Judge]] = []
+        results: list[tuple[Scope, Term, Judge]] = []
         for scope in scopes:
             judge = Judge(
                 {**per_scope[scope], **global_signals},
                 settings.thresholds,
-                scope,
+                scope.key,
                 active=self._debounce[condition.id].judged == "active",
                 stuck={role: (place, frame) for role, place, frame in notes.stuck} if "stuck" in condition.notes else None,
             )
@@ -298,7 +298,7 @@ class Engine:
             if contradicted:
                 evidence.append(Evidence("", None, None, "", False, f"cleared at once: {contradicted}", ""))
         advice = [f"{text} [{scope}]" if len(scopes) > 1 else text for scope, _, judge in holding for text in judge.advice]
-        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0] for r in holding], contradicted, advice=advice)
+        return _Outcome(raw, max(r[1].score for r in results), evidence, missing, best[2].cause, [r[0].key for r in holding], contradicted, advice=advice)
 
 
 def actions_for(actions: tuple[str, ...], cause: str | None) -> tuple[str, ...]:

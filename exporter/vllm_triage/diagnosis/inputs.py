@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..model import SourceHealth
+from ..scope import Scope, ScopeKind
 
-ScopedSignals = dict[str, dict[str, float | None]]  # scope -> signal -> value (None: cannot be computed)
+ScopedSignals = dict[Scope, dict[str, float | None]]  # scope -> signal -> value (None: cannot be computed)
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Notes:
     orphans: tuple[str, ...] = ()  # processes that outlived their API server, and the GPU memory they hold
     lost_ranks: tuple[str, ...] = ()  # workers gone while their engine core runs on
     stuck: tuple[tuple[str, str, str], ...] = ()  # (role, place, frame): where a process' stack dump found it waiting
-    foreign_gpu: tuple[tuple[str, str], ...] = ()  # (GPU scope, text): other programs computing on a watched GPU
+    foreign_gpu: tuple[tuple[Scope, str], ...] = ()  # (GPU scope, text): other programs computing on a watched GPU
     change: tuple[str, ...] = ()  # the last change of vLLM's configuration and what it cost (envelope.py)
     usual: tuple[str, ...] = ()  # what vLLM delivers now against its usual at the same load (envelope.py)
 
@@ -32,7 +33,7 @@ class Wants:
     """What the enabled conditions are judged on: the (scope kind, window) pairs TickInputs.scoped must hold, and
     the discovery notes their evidence names (Condition.notes)."""
 
-    scoped: frozenset[tuple[str, float]]
+    scoped: frozenset[tuple[ScopeKind, float]]
     notes: frozenset[str]
 
 
@@ -42,5 +43,5 @@ class TickInputs:
     health: Mapping[str, SourceHealth]
     fresh: Mapping[str, bool]  # up, or failing for less than its stale_after: its window's readings are still evidence
     global_signals: Mapping[str, float | None]  # judged once for the server (vllm_unreachable's)
-    scoped: Mapping[tuple[str, float], ScopedSignals]  # (scope kind, window) -> each scope's signals
+    scoped: Mapping[tuple[ScopeKind, float], ScopedSignals]  # (scope kind, window) -> each scope's signals
     notes: Notes

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import cast
 
-from ..scope import AGGREGATE_SCOPE, group_members, parse_scope
+from ..scope import AGGREGATE_SCOPE, Scope
 from .window import SignalContext, SignalDef, label_value, mean_of
 
 # GPU signals (layer 3), per GPU scope `gpu:<index>`; the aggregate (scope "all") averages the
@@ -189,25 +189,25 @@ def _link_bytes(tx: str, rx: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
-def _each_gpu_mean(ctx: SignalContext, metric: str) -> dict[str, float]:
+def _each_gpu_mean(ctx: SignalContext, metric: str) -> dict[Scope, float]:
     """Every watched GPU's window mean of a metric, by GPU scope (the peers of a tensor-parallel group)."""
 
-    def compute() -> dict[str, float]:
+    def compute() -> dict[Scope, float]:
         means = {}
         for scope in ctx.view.scopes():
-            if parse_scope(scope).kind == "gpu" and (points := ctx.view.gauge_points(metric, scope, mean_of)):
+            if scope.kind == "gpu" and (points := ctx.view.gauge_points(metric, scope, mean_of)):
                 means[scope] = mean_of(points)
         return means
 
     return ctx.view.once(("each_gpu_mean", metric), compute)
 
 
-def _group(ctx: SignalContext, scope: str) -> tuple[str, ...] | None:
+def _group(ctx: SignalContext, scope: Scope) -> tuple[Scope, ...] | None:
     """The GPUs of `scope`'s tensor-parallel group where the rank map places it in one."""
     return next((group for group in ctx.facts.gpu_groups if scope in group), None)
 
 
-def _peers_of(ctx: SignalContext, scope: str, watched: list[str]) -> list[str] | None:
+def _peers_of(ctx: SignalContext, scope: Scope, watched: list[Scope]) -> list[Scope] | None:
     """The GPUs `scope` is compared with: the others of its tensor-parallel group where the rank map places ranks (one
     engine's GPUs are not another's peers; a GPU it places in no group has none), else every other watched GPU."""
     if not ctx.facts.gpu_groups:
@@ -216,15 +216,15 @@ def _peers_of(ctx: SignalContext, scope: str, watched: list[str]) -> list[str] |
     return [other for other in group if other != scope and other in watched] if group is not None else None
 
 
-def _members(ctx: SignalContext) -> tuple[str, ...] | None:
+def _members(ctx: SignalContext) -> tuple[Scope, ...] | None:
     """The GPUs a scope of several stands for (the aggregate: every watched one; an engine's `gpus:`); None for one GPU."""
-    if ctx.scope == AGGREGATE_SCOPE:
-        return tuple(s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu")
-    return group_members(ctx.scope) if parse_scope(ctx.scope).kind == "gpu_group" else None
+    if ctx.scope is AGGREGATE_SCOPE:
+        return tuple(s for s in ctx.view.scopes() if s.kind == "gpu")
+    return ctx.scope.members if ctx.scope.kind == "gpu_group" else None
 
 
 def _peers(ctx: SignalContext) -> float | None:
-    gpus = [s for s in ctx.view.scopes() if parse_scope(s).kind == "gpu"]
+    gpus = [s for s in ctx.view.scopes() if s.kind == "gpu"]
     if (members := _members(ctx)) is not None:
         return float(len(members) - 1) if members else None
     peers = _peers_of(ctx, ctx.scope, gpus)
@@ -234,7 +234,7 @@ def _peers(ctx: SignalContext) -> float | None:
 def _tensor_parallel_size(ctx: SignalContext) -> float | None:
     """The GPU's tensor-parallel group's size; for an engine's GPUs, its largest group's (the aggregate: none, it may
     mix engines)."""
-    if ctx.scope == AGGREGATE_SCOPE:
+    if ctx.scope is AGGREGATE_SCOPE:
         return None
     members = _members(ctx) or (ctx.scope,)
     sizes = [len(group) for group in ctx.facts.gpu_groups if set(group) & set(members)]
@@ -245,7 +245,7 @@ def _to_peers(metrics: tuple[str, ...], worst: Callable[[list[float]], float]) -
     """This GPU's window mean over the median of its peers' (the first metric the GPUs have); for the aggregate, the
     most outlying GPU's (`worst` of them all)."""
 
-    def ratio(ctx: SignalContext, means: dict[str, float], scope: str) -> float | None:
+    def ratio(ctx: SignalContext, means: dict[Scope, float], scope: Scope) -> float | None:
         peers = [means[other] for other in _peers_of(ctx, scope, list(means)) or []]
         middle = statistics.median(peers) if peers else 0.0
         return means[scope] / middle if scope in means and middle > 0 else None

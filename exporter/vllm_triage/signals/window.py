@@ -10,7 +10,7 @@ from itertools import pairwise
 from typing import TypeVar, cast
 
 from ..model import Labels
-from ..scope import parse_scope, shared_scopes
+from ..scope import Scope
 from ..store import Frame, Store
 
 
@@ -101,20 +101,20 @@ class WindowView:
     def span_seconds(self) -> float:
         return self.frames[-1].timestamp - self.frames[0].timestamp if len(self.frames) >= 2 else 0.0
 
-    def covers_everything(self, scope: str) -> bool:
+    def covers_everything(self, scope: Scope) -> bool:
         """Whether every series of the window belongs to `scope` (one engine, one GPU): then the
         aggregate's signals are the scope's, and need not be computed twice."""
-        allowed = {scope, *shared_scopes(scope)}
+        allowed = {scope, *scope.shared}
         return all(seen in allowed for frame in self.frames for seen in frame.by_scope)
 
-    def scopes(self) -> list[str]:
+    def scopes(self) -> list[Scope]:
         if not self.frames:
             return []
         seen = {s.scope for series in self.frames[-1].by_name.values() for s in series}
-        named = {scope for scope in seen if parse_scope(scope).kind != "shared"}
+        named = {scope for scope in seen if scope.kind != "shared"}
         return sorted(named or seen)
 
-    def _frames_of(self, scope: str) -> tuple[int, list[Frame]]:
+    def _frames_of(self, scope: Scope) -> tuple[int, list[Frame]]:
         """Where the scope first appears in the window, and the frames from there on. Before it the scope did not
         exist (an engine under a model name that is new since): nothing of it is computed or remembered in those
         frames, or a page whose model names change at every scrape would grow every frame's memo by each later
@@ -125,7 +125,7 @@ class WindowView:
             self._cache[("since", scope)] = found = (start, self.frames[start:] if start else self.frames)
         return found  # type: ignore[return-value]
 
-    def gauge_points(self, name: str, scope: str, combine: Callable[[list[float]], float] = sum) -> list[float]:
+    def gauge_points(self, name: str, scope: Scope, combine: Callable[[list[float]], float] = sum) -> list[float]:
         """One value per frame: the scope's series combined (summed, or the max for ratios)."""
         key = ("gauge", name, scope, combine)
         cached = self._cache.get(key)
@@ -142,7 +142,7 @@ class WindowView:
         assert isinstance(cached, list)
         return cached
 
-    def increase(self, name: str, scope: str, where: Callable[[Labels], bool] | None = None) -> float | None:
+    def increase(self, name: str, scope: Scope, where: Callable[[Labels], bool] | None = None) -> float | None:
         """Increase of a counter (summed over the scope's series) across the window."""
         key = ("increase", name, scope, where)
         if key in self._cache:
@@ -165,7 +165,7 @@ class WindowView:
         self._cache[key] = result
         return result
 
-    def step_increases(self, name: str, scope: str) -> list[float] | None:
+    def step_increases(self, name: str, scope: Scope) -> list[float] | None:
         """The counter's increase (summed over the scope's series) from each frame to the next; None when no
         frame has it."""
         key = ("steps", name, scope)
@@ -176,13 +176,13 @@ class WindowView:
             self._cache[key] = [0.0] * start + [increase for increase, _ in steps] if seen else None
         return self._cache[key]  # type: ignore[return-value]
 
-    def rate(self, name: str, scope: str, where: Callable[[Labels], bool] | None = None) -> float | None:
+    def rate(self, name: str, scope: Scope, where: Callable[[Labels], bool] | None = None) -> float | None:
         increase = self.increase(name, scope, where)
         if increase is None or self.span_seconds <= 0:
             return None
         return increase / self.span_seconds
 
-    def histogram(self, name: str, scope: str) -> HistogramDelta | None:
+    def histogram(self, name: str, scope: Scope) -> HistogramDelta | None:
         key = ("histogram", name, scope)
         if key in self._cache:
             return self._cache[key]  # type: ignore[return-value]
@@ -221,7 +221,7 @@ class WindowView:
         self._cache[key] = result
         return result
 
-    def latest_labels(self, name: str, scope: str) -> dict[str, str] | None:
+    def latest_labels(self, name: str, scope: Scope) -> dict[str, str] | None:
         """Labels of an info-style gauge (e.g. cache_config_info) in the newest frame that has it."""
         for frame in reversed(self.frames):
             for s in frame.series(name, scope):
@@ -259,7 +259,7 @@ def _running_totals(frames: list[Frame], key: tuple[object, ...], zero: object, 
     return first, total
 
 
-def _counter_step(previous: Frame, frame: Frame, name: str, scope: str, where: Callable[[Labels], bool] | None) -> tuple[float, bool]:
+def _counter_step(previous: Frame, frame: Frame, name: str, scope: Scope, where: Callable[[Labels], bool] | None) -> tuple[float, bool]:
     """(increase of the scope's series from `previous` to `frame`, whether `frame` has any)."""
     key = ("counter_step", name, scope, where, previous.timestamp)
     step = frame.memo.get(key)
@@ -276,7 +276,7 @@ def _counter_step(previous: Frame, frame: Frame, name: str, scope: str, where: C
     return step  # type: ignore[return-value]
 
 
-def _bucket_step(previous: Frame, frame: Frame, name: str, scope: str) -> dict[float, float]:
+def _bucket_step(previous: Frame, frame: Frame, name: str, scope: Scope) -> dict[float, float]:
     """Increase per bucket bound of the scope's `name` series from `previous` to `frame` (not kept: only
     the running totals built from it are)."""
     before = {s.labels: s.value for s in previous.series(name, scope)}
@@ -304,9 +304,9 @@ class ServerFacts:
     max_num_seqs: int | None = None
     peak_flops_per_second: float | None = None  # per GPU, dense bf16 (hardware.GPU_PEAKS)
     peak_memory_bytes_per_second: float | None = None
-    # Each tensor-parallel group's GPUs (scope keys) as the rank map places its ranks: one engine's group is not
+    # Each tensor-parallel group's GPUs (their scopes) as the rank map places its ranks: one engine's group is not
     # compared with another engine's. Empty where the rank map places none.
-    gpu_groups: tuple[tuple[str, ...], ...] = ()
+    gpu_groups: tuple[tuple[Scope, ...], ...] = ()
     # From vLLM's command line where the host view shows it (None: not visible, or not given there).
     max_num_batched_tokens: int | None = None
     api_server_count: int | None = None
@@ -316,7 +316,7 @@ class ServerFacts:
 @dataclass
 class SignalContext:
     view: WindowView
-    scope: str
+    scope: Scope
     facts: ServerFacts
     values: dict[str, float | None]  # signals already computed for this scope (dependencies)
 
@@ -331,7 +331,7 @@ def mean_of(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def compute_signals(view: WindowView, scope: str, facts: ServerFacts, table: tuple[SignalDef, ...]) -> dict[str, float | None]:
+def compute_signals(view: WindowView, scope: Scope, facts: ServerFacts, table: tuple[SignalDef, ...]) -> dict[str, float | None]:
     """Every signal of a table for one scope, in table order (later ones may read earlier ones)."""
     values: dict[str, float | None] = {}
     ctx = SignalContext(view, scope, facts, values)

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, VllmMeta, bucket_bound, make_labels
-from ..scope import parse_scope, scope_of
+from ..scope import scope_of
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import Clock, SourceLoop, http_failure, read_bounded, shortened
 
@@ -228,9 +228,9 @@ def parse_page(
     present = {name for name, _ in samples}
     if not any(name in present for name in CORE_FAMILIES):
         raise ScrapeError("no_vllm_metrics", "the page has no vllm:num_requests_* series: is this vLLM's /metrics?")
-    engines = {scope for _, labels in samples if parse_scope(scope := scope_of(labels)).kind == "engine"}
+    engines = {scope for _, labels in samples if (scope := scope_of(labels)).kind == "engine"}
     if len(engines) > max_engines:
-        example = ", ".join(sorted(engines)[:3])
+        example = ", ".join(scope.key for scope in sorted(engines)[:3])
         raise ScrapeError(
             "too_many_engines",
             f"the page has {len(engines)} engine/model label combinations (e.g. {example}), over the {max_engines} limit (max_engines)",
