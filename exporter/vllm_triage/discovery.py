@@ -4,6 +4,7 @@ resolved from config, then the readings, then vLLM's defaults; each says where i
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ class Discovery:
             _bounded(self.api_server_args.get("max_num_batched_tokens")),
             (_bounded(self.api_server_args.get("api_server_count")) or 1) if self.processes else None,
             self.cuda_graphs,
+            self.cpu_offload_gib,
         )
 
     @cached_property  # facts() is asked for at every window of a tick; the command line does not change within one
@@ -111,6 +113,19 @@ class Discovery:
         except ValueError:
             compilation = {}
         return not (isinstance(compilation, dict) and str(compilation.get("cudagraph_mode", "")).upper() == "NONE")
+
+    @cached_property
+    def cpu_offload_gib(self) -> float | None:
+        """The weights vLLM's command line keeps in host memory per GPU (--cpu-offload-gb, GiB): 0 without the flag,
+        None without the host view or where its value is not a number."""
+        if not self.processes:
+            return None
+        raw = self.api_server_flags.get("--cpu-offload-gb", "0")
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value >= 0 else None
 
     def _gpus_by(self, key: Callable[[RankEntry], Any]) -> dict[Any, tuple[Scope, ...]]:
         """The GPUs (their scopes) the rank map places ranks on, by `key` of the rank; groups without a GPU left out."""

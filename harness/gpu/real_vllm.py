@@ -163,6 +163,20 @@ SCENARIOS = {
         cuda_graphs=True,
         relaunch_flags=("--max-num-seqs", "256", "--enforce-eager"),
     ),
+    # Weights offloaded to host memory from a GPU with room for them: --cpu-offload-gb 1 leaves half the 1B model's ~2 GB
+    # of bf16 weights in pinned host memory, which vLLM's UVA offloader reads over PCIe at every forward pass, while
+    # --gpu-memory-utilization 0.5 leaves half the GPU free; then relaunched without the flag under the same 32 clients.
+    "cpu_offload": Scenario(
+        "1b",
+        ("--max-num-seqs", "256", "--cpu-offload-gb", "1"),
+        (Phase("idle", 10), Phase("offloaded", 150, 32, 40, 160), Phase("relaunch", 5), Phase("resident", 120, 32, 40, 160), Phase("idle", 10)),
+        "offloaded: feature_ineffective with cause cpu_offload within its for, the flag and the GPU's free memory (tens of "
+        "GiB, far more than 1 GiB) in its evidence, advice to drop --cpu-offload-gb 1; PCIe busier than resident's. "
+        "relaunch (vLLM started again without --cpu-offload-gb): no cpu_offload. resident (the same 32 clients): no "
+        "cpu_offload cause; output tokens per second above offloaded's.",
+        actions=(("relaunch", 0.0, "relaunch", 0.0),),
+        relaunch_flags=("--max-num-seqs", "256", "--enforce-eager"),
+    ),
     # Another program computing on vLLM's GPU (a training job or a notebook left on a shared GPU): in a tensor-parallel
     # group the rank on that GPU is the straggler; here, one GPU, what NVML and GPM read of it.
     "foreign": Scenario(

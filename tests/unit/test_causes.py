@@ -97,3 +97,20 @@ def test_itl_far_above_the_engine_step_is_spent_outside_the_engine():
     assert judged("itl_high", outside | {"host_api_server_busiest_thread_cpu_ratio_recent": 0.3}).cause == "frontend"
     unexplained = judged("itl_high", outside | {"engine_step_seconds_mean": 0.11})
     assert unexplained.cause == "unknown" and "no clear bottleneck" in " ".join(e.text for e in unexplained.evidence)
+
+
+def test_weights_offloaded_from_a_gpu_with_room_for_them_are_said_with_the_utilization_that_keeps_the_kv_cache():
+    """--cpu-offload-gb 1 with the GPU's memory half free (--gpu-memory-utilization 0.5 on 80 GiB): the weights fit."""
+    gib = 2**30
+    serving = {"cpu_offload_gib": 1.0, "requests_running_mean": 32.0, "gpu_memory_utilization": 0.5, "gpu_pcie_busiest_direction_ratio": 0.6}
+    j = judged("feature_ineffective", serving | {"gpu_memory_free_bytes": 40.0 * gib, "gpu_memory_free_ratio": 0.5})
+    assert j.cause == "cpu_offload"
+    assert j.advice[0].startswith("drop --cpu-offload-gb 1 and raise --gpu-memory-utilization from 0.50 to 0.51"), j.advice
+    texts = [e.text for e in j.evidence]
+    assert any("keeps 40.0 GiB free (NVML): 40.0x the weights" in t for t in texts) and any("PCIe carries 60% of the link" in t for t in texts), texts
+    # a model that does not fit otherwise: the offload is what lets it serve
+    c = CONDITIONS_BY_ID["feature_ineffective"]
+    full = Judge(serving | {"gpu_memory_free_bytes": 0.5 * gib, "gpu_memory_free_ratio": 0.006}, {t.name: t.default for t in c.thresholds}, "tiny/0")
+    assert not c.predicate(full).holds and full.cause is None
+    without = Judge(serving | {"cpu_offload_gib": 0.0, "gpu_memory_free_bytes": 40.0 * gib}, {t.name: t.default for t in c.thresholds}, "tiny/0")
+    assert not c.predicate(without).holds and any("no --cpu-offload-gb" in e.text for e in without.evidence)

@@ -75,14 +75,24 @@ def _recent_max(metric: str) -> Callable[[SignalContext], float | None]:
     return compute
 
 
-def _memory_free_ratio(ctx: SignalContext) -> float | None:
-    """The least free share of a GPU's memory among the scope's GPUs, in the newest reading that has it."""
+def _newest_memory(ctx: SignalContext) -> list[tuple[float, float]]:
+    """(used, total) bytes of each of the scope's GPUs in the newest reading that has them."""
     for frame in reversed(ctx.view.frames):
         total = {label_value(s.labels, "gpu"): s.value for s in frame.series("gpu_memory_total_bytes", ctx.scope)}
-        ratios = [1.0 - s.value / t for s in frame.series("gpu_memory_used_bytes", ctx.scope) if (t := total.get(label_value(s.labels, "gpu"))) and t > 0]
-        if ratios:
-            return min(ratios)
-    return None
+        pairs = [(s.value, t) for s in frame.series("gpu_memory_used_bytes", ctx.scope) if (t := total.get(label_value(s.labels, "gpu"))) and t > 0]
+        if pairs:
+            return pairs
+    return []
+
+
+def _memory_free_ratio(ctx: SignalContext) -> float | None:
+    """The least free share of a GPU's memory among the scope's GPUs."""
+    return min((1.0 - used / total for used, total in _newest_memory(ctx)), default=None)
+
+
+def _memory_free_bytes(ctx: SignalContext) -> float | None:
+    """The least free GPU's free memory among the scope's GPUs."""
+    return min((max(0.0, total - used) for used, total in _newest_memory(ctx)), default=None)
 
 
 def _sm_activity(ctx: SignalContext) -> float | None:
@@ -272,6 +282,12 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
         "memory_free_ratio",
         "Free share of the GPU's memory (NVML), newest reading; the least free GPU for the aggregate.",
         _memory_free_ratio,
+    ),
+    SignalDef(
+        "gpu_memory_free_bytes",
+        "memory_free_bytes",
+        "Free GPU memory (NVML), newest reading; the least free GPU's for the aggregate.",
+        _memory_free_bytes,
     ),
     *_gpu_stats("gpu_utilization_ratio", "utilization_ratio", "util.gpu: share of time a kernel ran (0..1)", ("mean", "min", "max", "cv")),
     *_gpu_stats("gpu_sm_active_ratio", "sm_active_ratio", "GPM SM activity (0..1)", ("mean",)),

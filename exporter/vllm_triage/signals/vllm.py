@@ -673,6 +673,13 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "--compilation-config); absent without the host view.",
         lambda ctx: None if ctx.facts.cuda_graphs is None else float(ctx.facts.cuda_graphs),
     ),
+    SignalDef(
+        "cpu_offload_gib",
+        "cpu_offload_gib",
+        "vLLM's --cpu-offload-gb: GiB of weights per GPU kept in host memory and read over PCIe at every forward pass (0 "
+        "without the flag; absent without the host view).",
+        lambda ctx: ctx.facts.cpu_offload_gib,
+    ),
     SignalDef("kv_capacity_tokens", "kv_capacity_tokens", "KV cache capacity in tokens (cache_config_info).", _kv_capacity_tokens),
     SignalDef("block_size_tokens", "kv_block_size_tokens", "KV block size in tokens (cache_config_info).", _block_size),
     SignalDef("prefix_caching_enabled", "prefix_caching_enabled", "1 when prefix caching is on.", _prefix_caching_enabled),

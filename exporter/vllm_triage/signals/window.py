@@ -311,6 +311,7 @@ class ServerFacts:
     max_num_batched_tokens: int | None = None
     api_server_count: int | None = None
     cuda_graphs: bool | None = None  # False where the command line turns them off (--enforce-eager, cudagraph_mode NONE)
+    cpu_offload_gib: float | None = None  # --cpu-offload-gb: the weights kept in host memory per GPU (0 without it)
 
 
 @dataclass

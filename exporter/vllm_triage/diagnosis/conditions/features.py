@@ -1,6 +1,6 @@
 """Features vLLM was started with that do not pay: prefix caching that stopped hitting or never hit, speculative
 decoding that is not accepted, CUDA graphs turned off while the GPU waits for the host, KV offloading that stores
-and never loads back."""
+and never loads back, weights offloaded to host memory from a GPU with room for them."""
 
 from __future__ import annotations
 
@@ -160,13 +160,72 @@ def _kv_offload_unused(j: Judge) -> Term:
     return unused
 
 
+GIB = 2**30
+
+
+def _cpu_offload_unneeded(j: Judge) -> Term:
+    """--cpu-offload-gb on a GPU that keeps more memory free than the weights it leaves in host memory: every forward
+    pass reads those weights over PCIe (vLLM's UVA offloader), and the GPU had room for them."""
+    offload = j.signals.get("cpu_offload_gib")
+    if offload is None:
+        return j.fact(False, "whether vLLM offloads weights cannot be read: its command line is not visible (the process source)", "cpu_offload_gib")
+    if offload <= 0:
+        return j.fact(False, "no --cpu-offload-gb on vLLM's command line: every weight is on the GPU", "cpu_offload_gib", offload)
+    free = j.signals.get("gpu_memory_free_bytes")
+    if free is None:
+        return j.fact(None, f"--cpu-offload-gb {offload:g}, but no GPU reading says whether the GPU has room for those weights", "gpu_memory_free_bytes")
+    room = free / (offload * GIB)
+    unneeded = all_of(
+        j.fact(
+            True,
+            f"--cpu-offload-gb {offload:g}: vLLM is asked to keep {offload:g} GiB of weights per GPU in host memory, read over PCIe at every forward pass",
+            "cpu_offload_gib",
+            offload,
+        ),
+        j.compare("requests_running_mean", ">", "running_min", "requests running (window mean)"),
+        j.fact(
+            room >= j.thresholds["offload_room_min"],
+            f"the GPU keeps {free / GIB:.1f} GiB free (NVML): {room:.1f}x the weights it offloads",
+            "gpu_memory_free_bytes",
+            free,
+        ),
+    )
+    if unneeded.holds:
+        pcie = j.signals.get("gpu_pcie_busiest_direction_ratio")
+        if pcie is not None and pcie >= j.thresholds["offload_pcie_min"]:
+            j.note(
+                f"PCIe carries {pcie:.0%} of the link in its busier direction (window mean): the weights cross it at every step",
+                "gpu_pcie_busiest_direction_ratio",
+                pcie,
+            )
+        elif pcie is not None:
+            # measured so on an H100 with vLLM 0.26: the same GPU memory and PCIe traffic with and without the flag
+            j.note(
+                f"PCIe carries only {pcie:.1%} of the link (window mean): no weights are seen crossing it, so the flag holds host "
+                "memory and saves the GPU nothing",
+                "gpu_pcie_busiest_direction_ratio",
+                pcie,
+            )
+        utilization, free_ratio = j.signals.get("gpu_memory_utilization"), j.signals.get("gpu_memory_free_ratio")
+        raised = ""
+        if utilization is not None and free_ratio:
+            # the KV cache keeps its size when vLLM's share of the GPU grows by what the weights take back
+            raised = f" and raise --gpu-memory-utilization from {utilization:.2f} to {utilization + offload * GIB * free_ratio / free:.2f}"
+        j.advise(f"drop --cpu-offload-gb {offload:g}{raised}: the GPU has room for the weights, and reading them over PCIe slows every step")
+    return unneeded
+
+
 def _feature_ineffective(j: Judge) -> Term:
-    # Both can hold at once (an eager server that offloads): graphs lead, the costlier by far, and the offload's notes
-    # and advice stand beside them.
+    # Several can hold at once (an eager server that offloads): graphs lead, the costliest measured (--cpu-offload-gb cost
+    # an eager 1B model nothing measurable on an H100), and the others' notes and advice stand beside them.
     graphs = _cuda_graphs_off(j)
+    weights = _cpu_offload_unneeded(j)
     offload = _kv_offload_unused(j)
     if graphs.holds:
         return graphs
+    if weights.holds:
+        j.cause = "cpu_offload"
+        return weights
     if offload.holds:
         j.cause = "kv_offload"
         return offload
@@ -199,7 +258,10 @@ FEATURE_INEFFECTIVE = Condition(
     precedence=195,
     layer="1",
     severity="info",
-    summary="A feature of vLLM does not pay: prefix caching has never hit, KV offloading never loads back, or CUDA graphs are off while the GPU waits",
+    summary=(
+        "A feature of vLLM does not pay: prefix caching has never hit, KV offloading never loads back, CUDA graphs are off "
+        "while the GPU waits, or weights are offloaded to a GPU with room for them"
+    ),
     meaning=(
         "prefix_caching: prefix caching is on and every prompt is looked up, but not one token has been served from the "
         "cache since vLLM started. vLLM caches whole KV blocks: a prefix shared by the prompts but shorter than one block "
@@ -209,7 +271,10 @@ FEATURE_INEFFECTIVE = Condition(
         "cannot be read, and the verdict says so. kv_offload: KV offloading (--kv-offloading-size, or an offloading "
         "connector) copies the GPU's KV blocks out to CPU memory, and not one has been loaded back since vLLM started: "
         "the prompts do not return once they leave the GPU's cache, so every copy costs PCIe bandwidth and host memory "
-        "and saves nothing."
+        "and saves nothing. cpu_offload: --cpu-offload-gb asks vLLM to keep part of the weights in host memory, read "
+        "over PCIe at every forward pass, while the GPU keeps more memory free than those weights take: the flag saves "
+        "GPU memory that was not needed, and either slows every step (PCIe busy) or does nothing but hold host memory "
+        "(PCIe quiet, as measured with vLLM 0.26 on an H100)."
     ),
     next_actions=(
         "cause=prefix_caching: Where the prompts share a system prompt or a document, make the shared part at least one "
@@ -217,6 +282,9 @@ FEATURE_INEFFECTIVE = Condition(
         "cause=prefix_caching: Where the prompts share nothing, prefix caching cannot help: --no-enable-prefix-caching saves its bookkeeping.",
         "cause=cuda_graphs: Drop --enforce-eager (or cudagraph_mode NONE): CUDA graphs replay a decode step in one launch. "
         "Startup takes longer and the graphs hold some GPU memory; keep eager mode only to debug.",
+        "cause=cpu_offload: Drop --cpu-offload-gb where the GPU keeps more memory free than the weights it leaves in host "
+        "memory (the advice computes the --gpu-memory-utilization that keeps the KV cache's size): vLLM reads those "
+        "weights over PCIe at every forward pass. Keep it only where the model does not fit otherwise.",
         "cause=kv_offload: Where prompts do not come back (unique requests, no chat history or shared documents), drop "
         "--kv-offloading-size: offloading pays only for prompts that return after the GPU's cache evicted them. Where "
         "they do come back, check that prefix caching is on (offloaded blocks are found by prefix match) and that they "
@@ -237,6 +305,11 @@ FEATURE_INEFFECTIVE = Condition(
         "kv_offload_store_bytes_per_second",
         "kv_offload_loads_since_start_bytes",
         "kv_offload_size_gib",
+        "cpu_offload_gib",
+        "gpu_memory_free_bytes",
+        "gpu_memory_free_ratio",
+        "gpu_memory_utilization",
+        "gpu_pcie_busiest_direction_ratio",
     ),
     thresholds=(
         Threshold("queries_per_second_min", 0.0, "prefix-cache queries per second above this"),
@@ -245,8 +318,16 @@ FEATURE_INEFFECTIVE = Condition(
         Threshold("graphs_sm_activity_max", 0.4, "cuda_graphs: GPU SM activity below this (the GPU waits for the host)", 0.0, 1.0),
         Threshold("offload_stores_min", 0.0, "kv_offload: bytes offloaded per second above this (offloading at work)"),
         Threshold("offload_loads_max", 0.0, "kv_offload: bytes loaded back since vLLM started at most this"),
+        Threshold("offload_room_min", 1.0, "cpu_offload: the GPU's free memory over the weights --cpu-offload-gb leaves in host memory at or above this"),
+        Threshold(
+            "offload_pcie_min",
+            0.05,
+            "cpu_offload: PCIe (busier direction, share of the link) at or above which offloaded weights are said to cross it",
+            0.0,
+            1.0,
+        ),
     ),
-    causes=("cuda_graphs", "kv_offload", "prefix_caching"),
+    causes=("cuda_graphs", "cpu_offload", "kv_offload", "prefix_caching"),
     for_seconds=300,
     clear_seconds=60,
     dont=("Do not turn prefix caching off before checking how long the shared part of the prompts is: one block more and it pays.",),
