@@ -51,8 +51,9 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
+# one worker per core: the unit tests share no port, file or process (CI's rest lane runs them in one, beside the vLLM lane)
 unit: $(VENV)/.installed prometheus-tools compose-tools
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n auto tests/unit
 
 # The alert rules with promtool (every alert fires on its input, stays silent on healthy input)
 # and the Alertmanager example with amtool.
