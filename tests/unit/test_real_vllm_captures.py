@@ -651,7 +651,7 @@ def test_weights_offloaded_from_a_gpu_with_room_for_them_are_said_with_what_pcie
     assert offloaded and all(v.active and v.cause == "cuda_graphs" for v in offloaded), {(v.state, v.cause) for v in offloaded}
     assert {a for v in offloaded for a in offload_advice(v)} == {
         "drop --cpu-offload-gb 1 and raise --gpu-memory-utilization from 0.50 to 0.51: the "
-        "GPU has room for the weights, and reading them over PCIe slows every step"
+        "GPU has room for the weights, and the flag holds host memory and saves the GPU nothing it needed"
     }
     texts = [e.text for e in offloaded[-1].evidence]
     assert any(t.startswith("--cpu-offload-gb 1: vLLM is asked to keep 1 GiB") for t in texts), texts

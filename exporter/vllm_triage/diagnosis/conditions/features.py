@@ -182,7 +182,6 @@ def _cpu_offload_unneeded(j: Judge) -> Term:
             "cpu_offload_gib",
             offload,
         ),
-        j.compare("requests_running_mean", ">", "running_min", "requests running (window mean)"),
         j.fact(
             room >= j.thresholds["offload_room_min"],
             f"the GPU keeps {free / GIB:.1f} GiB free (NVML): {room:.1f}x the weights it offloads",
@@ -192,6 +191,7 @@ def _cpu_offload_unneeded(j: Judge) -> Term:
     )
     if unneeded.holds:
         pcie = j.signals.get("gpu_pcie_busiest_direction_ratio")
+        cost = "reading them over PCIe slows every step"
         if pcie is not None and pcie >= j.thresholds["offload_pcie_min"]:
             j.note(
                 f"PCIe carries {pcie:.0%} of the link in its busier direction (window mean): the weights cross it at every step",
@@ -200,6 +200,7 @@ def _cpu_offload_unneeded(j: Judge) -> Term:
             )
         elif pcie is not None:
             # measured so on an H100 with vLLM 0.26: the same GPU memory and PCIe traffic with and without the flag
+            cost = "the flag holds host memory and saves the GPU nothing it needed"
             j.note(
                 f"PCIe carries only {pcie:.1%} of the link (window mean): no weights are seen crossing it, so the flag holds host "
                 "memory and saves the GPU nothing",
@@ -211,7 +212,7 @@ def _cpu_offload_unneeded(j: Judge) -> Term:
         if utilization is not None and free_ratio:
             # the KV cache keeps its size when vLLM's share of the GPU grows by what the weights take back
             raised = f" and raise --gpu-memory-utilization from {utilization:.2f} to {utilization + offload * GIB * free_ratio / free:.2f}"
-        j.advise(f"drop --cpu-offload-gb {offload:g}{raised}: the GPU has room for the weights, and reading them over PCIe slows every step")
+        j.advise(f"drop --cpu-offload-gb {offload:g}{raised}: the GPU has room for the weights, and {cost}")
     return unneeded
 
 
