@@ -24,13 +24,16 @@ def _gpu_starved(j: Judge) -> Term:
         # memory-bound kernels keep SM activity low). The GPU waits for the host only while it has no kernel to run.
         low = all_of(low, j.compare("gpu_utilization_ratio_recent", "<", "kernel_resident_max", "util.gpu (share of time a kernel ran), last 10 s", upper=1.0))
     mean = j.signals.get("gpu_utilization_ratio_mean")
+    low_bound, high_bound = j.thresholds["swing_low"], j.thresholds["swing_high"]
+    within = None if mean is None else low_bound <= mean <= high_bound
     swinging = all_of(
         # A window that began idle steps up, it does not swing: only a window with work at every reading can.
         j.compare("requests_running_min", ">", "running_min", "requests running (window minimum)"),
         j.compare("gpu_utilization_ratio_cv", ">", "utilization_cv_min", "util.gpu coefficient of variation"),
         j.fact(
-            None if mean is None else j.thresholds["swing_low"] <= mean <= j.thresholds["swing_high"],
-            "util.gpu mean between the swing bounds",
+            within,
+            f"util.gpu window mean {'(no reading)' if mean is None else f'{mean:.3g}'} {'is' if within else 'is not'} between the swing bounds "
+            f"{low_bound:g} and {high_bound:g} (swing_low, swing_high)",
             "gpu_utilization_ratio_mean",
             mean,
         ),
