@@ -95,16 +95,15 @@ def _memory_free_bytes(ctx: SignalContext) -> float | None:
     return min((max(0.0, total - used) for used, total in _newest_memory(ctx)), default=None)
 
 
-def _sm_activity(ctx: SignalContext) -> float | None:
-    """SM active from GPM when present; util.gpu otherwise (gpu_sm_activity_from_gpm says which)."""
-    gpm = ctx.values.get("gpu_sm_active_ratio_mean")
-    return gpm if gpm is not None else ctx.values.get("gpu_utilization_ratio_mean")
+def _sm_activity(stat: str) -> Callable[[SignalContext], float | None]:
+    """SM active from GPM when present; util.gpu otherwise (gpu_sm_activity_from_gpm says which); `stat` says over what
+    (mean: the window, recent: its last 10 s)."""
 
+    def compute(ctx: SignalContext) -> float | None:
+        gpm = ctx.values.get(f"gpu_sm_active_ratio_{stat}")
+        return gpm if gpm is not None else ctx.values.get(f"gpu_utilization_ratio_{stat}")
 
-def _sm_activity_recent(ctx: SignalContext) -> float | None:
-    """The same choice over the window's last 10 s."""
-    gpm = ctx.values.get("gpu_sm_active_ratio_recent")
-    return gpm if gpm is not None else ctx.values.get("gpu_utilization_ratio_recent")
+    return compute
 
 
 def _sm_activity_from_gpm(ctx: SignalContext) -> float | None:
@@ -302,12 +301,12 @@ GPU_SIGNALS: tuple[SignalDef, ...] = (
             ("gpu_tensor_active_ratio", "tensor_active_ratio", "GPM tensor-core activity"),
         )
     ),
-    SignalDef("gpu_sm_activity_ratio", "sm_activity_ratio", "SM activity: GPM SM active, or util.gpu where GPM is missing.", _sm_activity),
+    SignalDef("gpu_sm_activity_ratio", "sm_activity_ratio", "SM activity: GPM SM active, or util.gpu where GPM is missing.", _sm_activity("mean")),
     SignalDef(
         "gpu_sm_activity_ratio_recent",
         "sm_activity_recent_ratio",
         "SM activity over the window's last 10 s: GPM SM active, or util.gpu where GPM is missing.",
-        _sm_activity_recent,
+        _sm_activity("recent"),
     ),
     SignalDef(
         "gpu_sm_activity_from_gpm",
