@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
+from weakref import WeakValueDictionary
 
 Labels = tuple[tuple[str, str], ...]
 """Label pairs sorted by name: hashable, so a series key is (name, labels)."""
@@ -24,10 +25,11 @@ ScopeKind = Literal["engine", "shared", "gpu", "gpu_group", "role", "aggregate",
 
 
 class Scope:
-    """One scope, interned: equal scopes are the same object (made only by this module's functions), and a
-    dict keyed by scopes hashes each once."""
+    """One scope, interned: equal scopes are the same object (made only by `_interned`, which keeps one object per
+    key for as long as any is referenced), so equality and hashing are identity's, done in C on the hot path (a
+    window's points are looked up by (name, scope) keys thousands of times a tick)."""
 
-    __slots__ = ("_hash", "engine", "key", "kind", "members", "model", "name", "shared")
+    __slots__ = ("__weakref__", "engine", "key", "kind", "members", "model", "name", "shared")
 
     def __init__(
         self,
@@ -47,13 +49,6 @@ class Scope:
         self.engine = engine
         self.members = members  # a GPU group's GPUs
         self.shared = shared  # an engine's `/engine` scopes, whose series also belong to it
-        self._hash = hash(key)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, Scope) and other.key == self.key)
 
     def __lt__(self, other: Scope) -> bool:  # sorted by key: /diagnosis and the exposition list scopes so
         return self.key < other.key
@@ -65,14 +60,27 @@ class Scope:
         return f"Scope({self.kind}, {self.key!r})"
 
 
-AGGREGATE_SCOPE = Scope("aggregate", "all")
-HOST_SCOPE = Scope("host", "host")
-GPU_AGGREGATE_SCOPE = Scope("gpu_aggregate", "gpu:all")
+# The one table of scopes. Weak: a scope nothing refers to any more (a model name gone for a window) is dropped, and a
+# later one of the same key is a new object that no older dict can hold. The constructors' lru_caches below only save
+# building the key; they may evict, this table decides identity.
+_SCOPES: WeakValueDictionary[str, Scope] = WeakValueDictionary()
+
+
+def _interned(kind: ScopeKind, key: str, **fields: Any) -> Scope:
+    scope = _SCOPES.get(key)
+    if scope is None:
+        _SCOPES[key] = scope = Scope(kind, key, **fields)
+    return scope
+
+
+AGGREGATE_SCOPE = _interned("aggregate", "all")
+HOST_SCOPE = _interned("host", "host")
+GPU_AGGREGATE_SCOPE = _interned("gpu_aggregate", "gpu:all")
 
 
 @lru_cache(maxsize=4096)
 def _shared(key: str) -> Scope:
-    return Scope("shared", key, engine=key[1:])
+    return _interned("shared", key, engine=key[1:])
 
 
 @lru_cache(maxsize=8192)
@@ -82,23 +90,23 @@ def engine_scope(model: str, engine: str) -> Scope:
     if not model:
         return _shared(key)
     # the suffixes that start with "/" (model names may contain '/')
-    return Scope("engine", key, model=model, engine=engine, shared=tuple(_shared(key[i:]) for i, char in enumerate(key) if char == "/" and i > 0))
+    return _interned("engine", key, model=model, engine=engine, shared=tuple(_shared(key[i:]) for i, char in enumerate(key) if char == "/" and i > 0))
 
 
 @lru_cache(maxsize=1024)
 def gpu_scope(index: str) -> Scope:
-    return Scope("gpu", "gpu:" + index, name=index)
+    return _interned("gpu", "gpu:" + index, name=index)
 
 
 @lru_cache(maxsize=1024)
 def gpu_group_scope(gpus: tuple[Scope, ...]) -> Scope:
     """Several GPUs judged as one (`gpu:` scopes in, their indexes in the key)."""
-    return Scope("gpu_group", "gpus:" + ",".join(g.name for g in gpus), name=",".join(g.name for g in gpus), members=gpus)
+    return _interned("gpu_group", "gpus:" + ",".join(g.name for g in gpus), name=",".join(g.name for g in gpus), members=gpus)
 
 
 @lru_cache(maxsize=64)
 def role_scope(role: str) -> Scope:
-    return Scope("role", "role:" + role, name=role)
+    return _interned("role", "role:" + role, name=role)
 
 
 @lru_cache(maxsize=8192)  # labels are shared tuples (make_labels): one scope per label set

@@ -45,3 +45,13 @@ def test_a_gpu_group_holds_its_gpus():
     group = gpu_group_scope((gpu_scope("2"), gpu_scope("3")))
     assert (group.kind, group.key, group.members) == ("gpu_group", "gpus:2,3", (gpu_scope("2"), gpu_scope("3")))
     assert role_scope("worker").key == "role:worker"
+
+
+def test_a_scope_held_anywhere_is_the_one_made_again_after_thousands_of_others():
+    """Under model-name churn the constructors' caches evict; a scope still held (a store's frame, a verdict's
+    bookkeeping) must still be the one its labels make, or a dict keyed by it would miss."""
+    held = engine_scope("kept", "0")
+    for i in range(10_000):
+        engine_scope(f"churn-{i}", "0")
+    assert scope_of(make_labels({"engine": "0", "model_name": "kept"})) is held
+    assert {held: 1}.get(engine_scope("kept", "0")) == 1

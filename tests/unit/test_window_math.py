@@ -159,6 +159,7 @@ def test_prompt_tokens_by_origin_are_shares_of_the_window():
 
 
 COUNTER, HISTOGRAM = "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds"
+GAUGE = "vllm:num_requests_running"
 
 
 def _plain_increase(frames: list[Frame], name: str, scope: str) -> float | None:
@@ -223,3 +224,28 @@ def test_a_counter_that_stood_still_increases_by_exactly_zero():
     store = generated_tokens([(t, 0.1 * t) for t in range(21)] + [(t, 2.0) for t in range(21, 40)])
     assert WindowView(store.window(VLLM_SOURCE, 0, 39)).increase(COUNTER, engine_scope("m", "0")) == pytest.approx(2.0)  # totals from frame 0
     assert WindowView(store.window(VLLM_SOURCE, 22, 39)).increase(COUNTER, engine_scope("m", "0")) == 0.0
+
+
+def test_gauge_points_kept_in_the_newest_frame_match_each_frames_own_whatever_windows_ask_and_in_what_order():
+    """A window's gauge points are its frames' own, tick after tick (the 60 s window, its last 10 s, a longer
+    lookback) and in any order (a diagnosis at a past moment), for a source read more often than the tick and a
+    series that comes and goes."""
+    rng = random.Random(11)
+    store = Store(horizon_seconds=10_000)
+    for t in range(300):
+        samples: dict[SeriesKey, float] = {(GAUGE, make_labels({"engine": "0", "model_name": "m"})): float(rng.randint(0, 9))}
+        if (t // 7) % 3:  # a second engine comes and goes
+            samples[(GAUGE, make_labels({"engine": "1", "model_name": "m"}))] = float(t)
+        store.add(Reading(VLLM_SOURCE, t * 0.5, True, samples))  # read every 0.5 s
+
+    def plain(frames: list[Frame], scope: Scope) -> list[float]:
+        return [sum(values) for f in frames if (values := [s.value for s in f.series(GAUGE, scope)])]
+
+    ticks = [(end - length, float(end)) for end in range(2, 150, 2) for length in (60, 10, 120)]
+    shuffled = [(end - length, float(end)) for end in range(1, 150) for length in (5, 30, 90)]
+    rng.shuffle(shuffled)
+    for start, end in ticks + shuffled:
+        frames = store.window(VLLM_SOURCE, start, end)
+        view = WindowView(frames)
+        for scope in (engine_scope("m", "0"), engine_scope("m", "1"), AGGREGATE_SCOPE):
+            assert view.gauge_points(GAUGE, scope) == plain(frames, scope), (start, end, scope)

@@ -20,8 +20,12 @@ def _role_cpu_cores_recent(role: str) -> Callable[[SignalContext], float | None]
 
 
 def _stopped_frames(ctx: SignalContext, role: str) -> list[tuple[float, float]]:
-    """(time, 1 when a process of the role was stopped) for each process reading of the window."""
-    return [(f.timestamp, max(values)) for f in ctx.view.frames if (values := [s.value for s in f.series("process_stopped", role_scope(role))])]
+    """(time, 1 when a process of the role was stopped) for each process reading of the window (read once a tick)."""
+    scope = role_scope(role)
+    return ctx.view.once(
+        ("stopped_frames", scope),
+        lambda: [(f.timestamp, max(values)) for f in ctx.view.frames if (values := [s.value for s in f.series("process_stopped", scope)])],
+    )
 
 
 def _role_stopped_seconds(role: str) -> Callable[[SignalContext], float | None]:

@@ -192,6 +192,8 @@ def _latest_total(metric: str, where: Callable[[Labels], bool] | None = None) ->
 
     def compute(ctx: SignalContext) -> float | None:
         for frame in reversed(ctx.view.frames):
+            if metric not in frame.by_name:  # many versions export none of it: each frame is asked in a dict, not a scope
+                continue
             values = [s.value for s in frame.series(metric, ctx.scope) if where is None or where(s.labels)]
             if values:
                 return sum(values)

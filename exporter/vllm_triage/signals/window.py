@@ -4,9 +4,10 @@ bounded quantiles), and the signal-table machinery: SignalDef, and compute_signa
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, takewhile
 from typing import TypeVar, cast
 
 from ..model import Labels
@@ -71,7 +72,6 @@ class HistogramDelta:
         return self.sum / self.count if self.count > 0 else None
 
 
-_MISSING = object()
 # A stall is judged from 20 s (engine_wedged): its last 10 s lie inside it.
 RECENT_SECONDS = 10.0
 T = TypeVar("T")
@@ -126,19 +126,46 @@ class WindowView:
         return found  # type: ignore[return-value]
 
     def gauge_points(self, name: str, scope: Scope, combine: Callable[[list[float]], float] = sum) -> list[float]:
-        """One value per frame: the scope's series combined (summed, or the max for ratios)."""
+        """One value per frame: the scope's series combined (summed, or the max for ratios). Only the window's newest
+        frame keeps the points, of the frames back to the oldest start any window asked for: the next tick takes
+        them from the frame before, cuts them where that start has moved to and adds its own point, copying lists in
+        C rather than asking every frame of the window again."""
         key = ("gauge", name, scope, combine)
         cached = self._cache.get(key)
         if cached is None:
-            points: list[float] = []
-            for frame in self._frames_of(scope)[1]:
-                point = frame.memo.get(key, _MISSING)  # a frame's point is computed once, then read at every tick
-                if point is _MISSING:
-                    values = [s.value for s in frame.series(name, scope)]
-                    frame.memo[key] = point = combine(values) if values else None
-                if point is not None:
-                    points.append(point)  # type: ignore[arg-type]
-            self._cache[key] = cached = points
+            frames = self.frames
+            if not frames:
+                return []
+            newest = frames[-1]
+            run = cast("_Points | None", newest.memo.get(key))
+            if run is None:
+                # the newest frame before it that kept the points (a source read more often than the tick: not the
+                # one just before), which gives them up
+                index = len(frames) - 2
+                while index >= 0 and key not in frames[index].memo:
+                    index -= 1
+                if index < 0:
+                    run = (newest.timestamp, [], [])
+                    index = len(frames) - 2
+                else:
+                    before = cast("_Points", frames[index].memo.pop(key))
+                    # the oldest start, moved on as far as the clock did, but not past the frames added below
+                    covered = min(before[0] + newest.timestamp - frames[index].timestamp, frames[index + 1].timestamp)
+                    first = bisect_left(before[1], covered)
+                    run = (covered, before[1][first:], before[2][first:])
+                for frame in frames[index + 1 :]:
+                    point = _gauge_point(frame, name, scope, combine)
+                    if point is not None:
+                        run[1].append(frame.timestamp)
+                        run[2].append(point)
+                newest.memo[key] = run
+            start = frames[0].timestamp
+            if run[0] > start:  # a longer window than the points cover: its older frames' points go in front
+                covered = run[0]
+                points = ((f.timestamp, _gauge_point(f, name, scope, combine)) for f in takewhile(lambda f: f.timestamp < covered, frames))
+                older = [(t, point) for t, point in points if point is not None]
+                newest.memo[key] = run = (start, [t for t, _ in older] + run[1], [v for _, v in older] + run[2])
+            self._cache[key] = cached = run[2][bisect_left(run[1], start) :]
         assert isinstance(cached, list)
         return cached
 
@@ -286,6 +313,16 @@ def _bucket_step(previous: Frame, frame: Frame, name: str, scope: Scope) -> dict
             old = before.get(s.labels)
             by_bound[s.le] = by_bound.get(s.le, 0.0) + (counter_step(old, s.value) if old is not None else 0.0)
     return by_bound
+
+
+# A frame's points of one gauge: (the oldest window start they cover, the timestamps of the frames with a point, the
+# points), sorted by timestamp.
+_Points = tuple[float, list[float], list[float]]
+
+
+def _gauge_point(frame: Frame, name: str, scope: Scope, combine: Callable[[list[float]], float]) -> float | None:
+    values = [s.value for s in frame.series(name, scope)]
+    return combine(values) if values else None
 
 
 @dataclass(frozen=True)
