@@ -12,30 +12,35 @@ LISTEN ?= 127.0.0.1:10290
 export VLLM_TRIAGE_VLLM_PYTHON := $(VLLM_VENV)/bin/python
 export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 
-.PHONY: run test test-fast test-vllm test-rest lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools browser-tools bench fuzz scenarios generate clean
+.PHONY: run test test-fast test-vllm test-rest test-paging lint typecheck unit rules integration vllm-env prometheus-tools compose-tools docker-tools browser-tools bench fuzz scenarios generate clean
 
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
 
-# Two lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock): the
-# tests that drive real vLLMs, one after another since their verdicts are timed, and the rest (the unit tests, the
-# image and compose stack, and the replayed paging test, which mostly waits on its 10-times-faster clock).
+# Three lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock): the
+# tests that drive real vLLMs, one after another since their verdicts are timed; the rest (the unit tests, the image
+# and compose stack, the rollout); and the replayed paging test, which mostly waits on its 10-times-faster clock (about
+# half a core for 5 minutes), beside them rather than after them.
 test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-tools docker-tools browser-tools
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-rest
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-vllm test-rest test-paging
 
 # lint, types and the unit tests: the loop while changing code
 test-fast: lint typecheck unit
 
-# The integration tests test-rest runs beside the unit tests: those no real vLLM drives, and test_rollout (its own
-# vLLM, restarted twice: ~5 min), so that the two lanes take about as long.
-NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_rollout.py \
-	tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
+# The integration tests no real vLLM of the vLLM lane drives: the image, the incident page in a browser, test_rollout
+# (its own vLLM, restarted twice: ~5 min, so that the vLLM lane and the rest take about as long) and the replayed
+# paging test (its own lane).
+PAGING_REPLAYED := tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
+NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_rollout.py $(PAGING_REPLAYED)
 
 test-vllm:
 	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(NOT_VLLM))
 
 test-rest:
-	$(BIN)/pytest -q -rA --durations=8 tests/unit $(NOT_VLLM)
+	$(BIN)/pytest -q -rA --durations=8 tests/unit $(filter-out $(PAGING_REPLAYED),$(NOT_VLLM))
+
+test-paging:
+	$(BIN)/pytest -q -rA $(PAGING_REPLAYED)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
