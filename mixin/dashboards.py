@@ -11,7 +11,7 @@ from typing import Any
 from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
 from vllm_triage.sources.vllm import spellings
 
-from .rules import RECORDING_RULES, RUNBOOK_URL, exported_reads, vllm_metric
+from .rules import RUNBOOK_URL, SELECT, exported_reads, recording_rules
 
 # Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
 CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")
@@ -43,7 +43,7 @@ def unit_of(metric: str) -> str:
 
 def _q(name: str) -> str:
     """One of vLLM's metrics on the dashboard's selection, under whichever name the server's vLLM exports it."""
-    return vllm_metric(name, VLLM)
+    return SELECT.vllm(name, VLLM)
 
 
 def _quantile(q: float, histogram: str) -> str:
@@ -157,8 +157,8 @@ def _variables() -> dict[str, Any]:
             query("cluster", "Cluster", "label_values(vllm_triage_build_info, cluster)"),
             query("namespace", "Namespace", 'label_values(vllm_triage_build_info{cluster=~"$cluster"}, namespace)'),
             query("pod", "Pod", 'label_values(vllm_triage_build_info{cluster=~"$cluster",namespace=~"$namespace"}, pod)'),
-            query("model", "Model", f"label_values({vllm_metric('vllm:num_requests_running', SIDECAR)}, model_name)"),
-            query("engine", "Engine", f"label_values({vllm_metric('vllm:num_requests_running', SIDECAR)}, engine)"),
+            query("model", "Model", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, model_name)"),
+            query("engine", "Engine", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, engine)"),
         ]
     }
 
@@ -609,7 +609,7 @@ def fleet() -> dict[str, Any]:
         "namespace:vllm_triage_gpu_sm_active_ratio:avg": "Mean SM activity of the watched GPUs (GPM): low while requests wait is a starved or "
         "hung engine, not a busy GPU.",
     }
-    for rule in RECORDING_RULES:
+    for rule in recording_rules():
         title, legend = titles[rule["record"]]
         expr = f'{rule["record"]}{{cluster=~"$cluster",namespace=~"$namespace"}}'
         lay.add(timeseries(title, [(expr, legend)], unit=unit_of(rule["record"]), description=descriptions[rule["record"]]))

@@ -8,6 +8,7 @@ a few straight on vLLM's own metrics (old and new names), which page even withou
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
@@ -22,21 +23,42 @@ VLLM_JOB = 'job="vllm"'
 SIDECAR_JOB = 'job="vllm-triage"'
 
 
-def vllm_metric(name: str, matchers: str = "") -> str:
-    """The selector of one of vLLM's metrics (a histogram's `_bucket`, `_sum`, `_count` too) under every name vLLM has
-    exported it (sources/vllm.py's RENAMES): `name{matchers}`, or `{__name__=~"name|older", matchers}` where it was
-    renamed, so that every rule and panel works whatever vLLM version a server runs, and a rename is that table's entry."""
-    base, suffix = name, ""
-    for histogram_suffix in HISTOGRAM_SUFFIXES:
-        if name.endswith(histogram_suffix) and len(spellings(name[: -len(histogram_suffix)])) > 1:
-            base, suffix = name[: -len(histogram_suffix)], histogram_suffix
-    names = [f"{spelling}{suffix}" for spelling in spellings(base)]
-    if len(names) == 1:
-        return f"{name}{{{matchers}}}" if matchers else name
-    return "{" + ", ".join([f'__name__=~"{"|".join(names)}"', *([matchers] if matchers else [])]) + "}"
+# The chart's rules judge the pods of their own release (monitoring.prometheusRule.scope: release): its scrape objects
+# label every series with RELEASE_LABEL, and every selector of its rules asks for it, first (the template fills the
+# placeholder in, or removes `RELEASE_MATCHER, ` and `{RELEASE_MATCHER}`: scope cluster).
+RELEASE_LABEL = "vllm_triage_release"
+RELEASE_MATCHER = f'{RELEASE_LABEL}="__RELEASE__"'
 
 
-KV_USAGE = vllm_metric("vllm:kv_cache_usage_perc")  # straight from vLLM, whichever name its version exports
+@dataclass(frozen=True)
+class Selectors:
+    """Every series selector of the rules and panels, made whole where the expression is written: with the release
+    matcher first (the chart's copy of the rules) or without it (the rules file, the dashboards). No expression is
+    rewritten after it is written."""
+
+    release: str = ""
+
+    def __call__(self, name: str, *matchers: str) -> str:
+        """A series of the sidecar, of Prometheus (`up`) or of a recording rule: `name{release, matchers}`."""
+        inner = ", ".join(m for m in (self.release, *matchers) if m)
+        return f"{name}{{{inner}}}" if inner else name
+
+    def vllm(self, name: str, *matchers: str) -> str:
+        """One of vLLM's metrics (a histogram's `_bucket`, `_sum`, `_count` too) under every name vLLM has exported it
+        (sources/vllm.py's RENAMES): `name{...}`, or `{release, __name__=~"name|older", matchers}` where it was renamed,
+        so that every rule and panel works whatever vLLM version a server runs, and a rename is that table's entry."""
+        base, suffix = name, ""
+        for histogram_suffix in HISTOGRAM_SUFFIXES:
+            if name.endswith(histogram_suffix) and len(spellings(name[: -len(histogram_suffix)])) > 1:
+                base, suffix = name[: -len(histogram_suffix)], histogram_suffix
+        names = [f"{spelling}{suffix}" for spelling in spellings(base)]
+        if len(names) == 1:
+            return self(name, *matchers)
+        return "{" + ", ".join(m for m in (self.release, f'__name__=~"{"|".join(names)}"', *matchers) if m) + "}"
+
+
+SELECT = Selectors()  # the rules file's and the dashboards'
+CHART_SELECT = Selectors(RELEASE_MATCHER)
 
 
 KEEP_FIRING_FOR = "5m"
@@ -119,7 +141,7 @@ def _cause_text(condition: Condition) -> str:
     )
 
 
-def condition_alerts() -> list[dict[str, Any]]:
+def condition_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
     rules = []
     for c in CONDITIONS:
         if c.severity not in ("warning", "critical"):
@@ -130,7 +152,7 @@ def condition_alerts() -> list[dict[str, Any]]:
                 "alert": name,
                 # The sidecar already debounced the verdict with the table's for/clear_for; keep_firing_for rides
                 # through a sidecar restart or missed scrapes, so that one incident is one notification.
-                "expr": f'vllm_triage_condition_active{{condition="{c.id}"}} == 1',
+                "expr": select("vllm_triage_condition_active", f'condition="{c.id}"') + " == 1",
                 **({"for": CAPACITY_FOR} if c.id in CAPACITY else {}),
                 "keep_firing_for": KEEP_FIRING_FOR,
                 "labels": {"severity": c.severity},
@@ -175,18 +197,18 @@ def _le(target: float) -> str:
     return f'le=~"{target:g}([.]0)?"'
 
 
-def _slo_ratio(slo: str, window: str) -> str:
+def _slo_ratio(slo: str, window: str, select: Selectors) -> str:
     _, histogram, target, _ = SLOS[slo]
     by = "sum by (namespace, model_name)"
     if histogram is None:
-        errors, requests = vllm_metric("vllm:request_success_total", 'finished_reason="error"'), vllm_metric("vllm:request_success_total")
+        errors, requests = select.vllm("vllm:request_success_total", 'finished_reason="error"'), select.vllm("vllm:request_success_total")
         return f"{by} (rate({errors}[{window}])) / {by} (rate({requests}[{window}]))"
-    good, total = vllm_metric(f"{histogram}_bucket", _le(target)), vllm_metric(f"{histogram}_count")
+    good, total = select.vllm(f"{histogram}_bucket", _le(target)), select.vllm(f"{histogram}_count")
     return f"1 - {by} (rate({good}[{window}])) / {by} (rate({total}[{window}]))"
 
 
-def slo_recording_rules() -> list[dict[str, str]]:
-    return [{"record": slo_record(slo, window), "expr": _slo_ratio(slo, window)} for slo in SLOS for window in SLO_RATE_WINDOWS]
+def slo_recording_rules(select: Selectors = SELECT) -> list[dict[str, str]]:
+    return [{"record": slo_record(slo, window), "expr": _slo_ratio(slo, window, select)} for slo in SLOS for window in SLO_RATE_WINDOWS]
 
 
 def _budget(objective: float) -> str:
@@ -197,13 +219,13 @@ def slo_alert_name(slo: str, severity: str) -> str:
     return f"Vllm{slo.capitalize()}SloBurn{'Fast' if severity == 'critical' else 'Slow'}"
 
 
-def slo_alerts() -> list[dict[str, Any]]:
+def slo_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
     rules = []
     for slo, (what, histogram, target, objective) in SLOS.items():
         for severity in ("critical", "warning"):
             windows = [w for w in BURN_WINDOWS if w[4] == severity]
             expr = " or ".join(
-                f"({slo_record(slo, long)} > ({burn:g} * {_budget(objective)}) and {slo_record(slo, short)} > ({burn:g} * {_budget(objective)}))"
+                f"({select(slo_record(slo, long))} > ({burn:g} * {_budget(objective)}) and {select(slo_record(slo, short))} > ({burn:g} * {_budget(objective)}))"
                 for short, long, burn, _, _ in windows
             )
             missed = f"took longer than the {target:g} s target for their {what}" if histogram else "finished with an error"
@@ -273,151 +295,161 @@ for _tunable in VLLM_THRESHOLDS.values():
     _tunable["text"] = _tunable["format"].replace("%v", f"{_tunable['default']:g}")
 
 
-# The sidecar's word that vLLM has not answered yet and the host shows it loading (else VllmTriageVllmUnreachable).
-STARTING = "vllm_triage_vllm_starting == 1"
-# vLLM's own target is down and someone can tell it is no start: its sidecar says vLLM is not starting, or, with no
-# sidecar series at all, vLLM's target was up within the hour. A new pod whose sidecar has not started yet (the sidecar
-# is the second container: it starts after vLLM's image is pulled, minutes) is neither: a rollout pages nobody.
-NOT_A_START = f"(vllm_triage_vllm_starting == 0 or max_over_time(up{{{VLLM_JOB}}}[1h]) == 1 unless on (namespace, pod) vllm_triage_vllm_starting)"
-
-VLLM_ALERTS: list[dict[str, Any]] = [
-    {
-        "alert": "VllmKvCacheFull",
-        # Mostly full on average, full at least once (a saturated cache dips at each preemption: a
-        # real vLLM with 39 blocks averaged 0.90-0.95), and requests queueing: the sidecar's
-        # kv_cache_saturated, computed by Prometheus alone.
-        "expr": (
-            f"avg_over_time({KV_USAGE}[5m]) >= {_KV_SATURATED['usage_min']:g}"
-            f" and max_over_time({KV_USAGE}[5m]) >= {_KV_SATURATED['usage_peak_min']:g}"
-            f" and avg_over_time({vllm_metric('vllm:num_requests_waiting')}[5m]) > 0"
-        ),
-        "for": CAPACITY_FOR,
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 10 minutes ({{ $labels.model_name }})",
-            "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes, reached 100 %, and requests queued: new requests wait, running ones are preempted.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmkvcachefull",
-        },
-    },
-    {
-        "alert": "VllmRequestsWaiting",
-        "expr": f"min_over_time({vllm_metric('vllm:num_requests_waiting')}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
-        "for": "5m",
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 5 minutes ({{ $labels.model_name }})",
-            "description": "At least {{ $value }} request(s) waited throughout the last minutes: demand exceeds what the server admits.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaiting",
-        },
-    },
-    {
-        "alert": "VllmRequestsWaitingPersistent",
-        "expr": f"min_over_time({vllm_metric('vllm:num_requests_waiting')}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
-        "for": "20m",
-        # a queue held for 20 minutes is normal for batch serving: users' harm pages through the SLO burn alerts
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 20 minutes ({{ $labels.model_name }})",
-            "description": "The queue has not emptied for 20 minutes ({{ $value }} waiting at least): users see long time-to-first-token.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaitingpersistent",
-        },
-    },
-    {
-        "alert": "VllmReplicaImbalance",
-        # One replica of a model queues while a sibling idles: the load balancer, not capacity, is the
-        # problem (client-IP stickiness, a prefix-aware router pinning a hot prefix, a slow pod kept in rotation).
-        "expr": (
-            "pod:vllm_num_requests_waiting:avg5m >= 5 and on (namespace, model_name) (min by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) < 1)"
-        ),
-        "for": "10m",
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: {{ $value }} requests wait while another replica of {{ $labels.model_name }} has none",
-            "description": "One replica queues while a sibling idles: requests are routed unevenly. Adding replicas will not help; fix the routing.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmreplicaimbalance",
-        },
-    },
-    {
-        "alert": "VllmFleetSaturated",
-        # Most replicas of one model queue at once: the fleet is at capacity, one incident however many pods page their
-        # own capacity verdicts (the example groups those by namespace and alert). More than half, of two or more.
-        "expr": (
-            "count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m >= 1)"
-            " / count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) > 0.5"
-            " and count by (namespace, model_name) (pod:vllm_num_requests_waiting:avg5m) >= 2"
-        ),
-        "for": "10m",
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.model_name }}: {{ $value | humanizePercentage }} of its replicas queue requests at once",
-            "description": "Most replicas of the model queue at the same time: the fleet is at capacity, not one pod. Add replicas (raise the "
-            "autoscaler's maximum); the per-pod capacity alerts of these replicas are this one incident.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmfleetsaturated",
-        },
-    },
-    {
-        "alert": "VllmTargetDown",
-        # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes), nor while a
-        # new pod's sidecar has not started.
-        "expr": f"up{{{VLLM_JOB}}} == 0 and on (namespace, pod) {NOT_A_START}",
-        "for": "2m",
-        "labels": {"severity": "critical"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: Prometheus cannot scrape vLLM",
-            "description": "vLLM's /metrics on {{ $labels.instance }} has failed for 2 minutes: the server is down, restarting or hung.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmtargetdown",
-        },
-    },
-    {
-        "alert": "VllmTriageDown",
-        "expr": f"up{{{SIDECAR_JOB}}} == 0",
-        "for": "5m",
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: the vllm-triage sidecar cannot be scraped",
-            "description": "The diagnosis for {{ $labels.instance }} is blind: check the sidecar container's restarts and logs.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmtriagedown",
-        },
-    },
-    {
-        "alert": "VllmTriageSourceDown",
-        # Not while vLLM loads its model: the vllm, process and gil sources have nothing to read yet.
-        "expr": f"vllm_triage_source_up == 0 unless on (namespace, pod) {STARTING}",
-        "for": "10m",
-        "labels": {"severity": "warning"},
-        "annotations": {
-            "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vllm-triage source {{ $labels.source }} is down",
-            "description": "The sidecar's {{ $labels.source }} source has failed for 10 minutes; conditions that need it are unknown. /diagnosis says why.",
-            "runbook_url": f"{RUNBOOK_URL}#vllmtriagesourcedown",
-        },
-    },
-]
-
-RECORDING_RULES: list[dict[str, str]] = [
-    {"record": "namespace_condition:vllm_triage_condition_active:sum", "expr": "sum by (namespace, condition, severity) (vllm_triage_condition_active)"},
-    {"record": "model_name:vllm_num_requests_running:sum", "expr": f"sum by (namespace, model_name) ({vllm_metric('vllm:num_requests_running')})"},
-    {"record": "model_name:vllm_num_requests_waiting:sum", "expr": f"sum by (namespace, model_name) ({vllm_metric('vllm:num_requests_waiting')})"},
-    {"record": "model_name:vllm_kv_cache_usage_perc:max", "expr": f"max by (namespace, model_name) ({KV_USAGE})"},
-    {"record": "model_name:vllm_generation_tokens:rate5m", "expr": f"sum by (namespace, model_name) (rate({vllm_metric('vllm:generation_tokens_total')}[5m]))"},
-    {
-        "record": "pod:vllm_num_requests_waiting:avg5m",
-        "expr": f"sum by (namespace, model_name, pod) (avg_over_time({vllm_metric('vllm:num_requests_waiting')}[5m]))",
-    },
-    {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": f"sum by (namespace, model_name) (rate({vllm_metric('vllm:prompt_tokens_total')}[5m]))"},
-    {
-        "record": "model_name:vllm_time_to_first_token_seconds:p95_5m",
-        "expr": f"histogram_quantile(0.95, sum by (namespace, model_name, le) (rate({vllm_metric('vllm:time_to_first_token_seconds_bucket')}[5m])))",
-    },
-    {"record": "namespace:vllm_triage_gpu_sm_active_ratio:avg", "expr": "avg by (namespace) (vllm_triage_gpu_sm_active_ratio)"},
-]
-
-
-def rule_groups() -> list[dict[str, Any]]:
+def vllm_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
+    """The alerts on vLLM's own metrics and on the scrapes themselves (they page even without the sidecar)."""
+    kv_usage = select.vllm("vllm:kv_cache_usage_perc")  # straight from vLLM, whichever name its version exports
+    waiting = select.vllm("vllm:num_requests_waiting")
+    waiting_avg = select("pod:vllm_num_requests_waiting:avg5m")
+    starting = select("vllm_triage_vllm_starting")
+    # The sidecar's word that vLLM has not answered yet and the host shows it loading (else VllmTriageVllmUnreachable).
+    is_starting = f"{starting} == 1"
+    # vLLM's own target is down and someone can tell it is no start: its sidecar says vLLM is not starting, or, with no
+    # sidecar series at all, vLLM's target was up within the hour. A new pod whose sidecar has not started yet (the
+    # sidecar is the second container: it starts after vLLM's image is pulled, minutes) is neither: a rollout pages nobody.
+    not_a_start = f"({starting} == 0 or max_over_time({select('up', VLLM_JOB)}[1h]) == 1 unless on (namespace, pod) {starting})"
     return [
-        {"name": "vllm-triage.conditions", "rules": condition_alerts()},
-        {"name": "vllm-triage.vllm", "rules": VLLM_ALERTS},
-        {"name": "vllm-triage.recording", "rules": RECORDING_RULES},
-        {"name": "vllm-triage.slo", "rules": slo_recording_rules() + slo_alerts()},
+        {
+            "alert": "VllmKvCacheFull",
+            # Mostly full on average, full at least once (a saturated cache dips at each preemption: a
+            # real vLLM with 39 blocks averaged 0.90-0.95), and requests queueing: the sidecar's
+            # kv_cache_saturated, computed by Prometheus alone.
+            "expr": (
+                f"avg_over_time({kv_usage}[5m]) >= {_KV_SATURATED['usage_min']:g}"
+                f" and max_over_time({kv_usage}[5m]) >= {_KV_SATURATED['usage_peak_min']:g}"
+                f" and avg_over_time({waiting}[5m]) > 0"
+            ),
+            "for": CAPACITY_FOR,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM KV cache has been full for 10 minutes ({{ $labels.model_name }})",
+                "description": "KV cache usage averaged {{ $value | humanizePercentage }} over 5 minutes, reached 100 %, and requests queued: new requests wait, running ones are preempted.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmkvcachefull",
+            },
+        },
+        {
+            "alert": "VllmRequestsWaiting",
+            "expr": f"min_over_time({waiting}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 5 minutes ({{ $labels.model_name }})",
+                "description": "At least {{ $value }} request(s) waited throughout the last minutes: demand exceeds what the server admits.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaiting",
+            },
+        },
+        {
+            "alert": "VllmRequestsWaitingPersistent",
+            "expr": f"min_over_time({waiting}{VLLM_THRESHOLDS['requestsWaitingMin']['text']}",
+            "for": "20m",
+            # a queue held for 20 minutes is normal for batch serving: users' harm pages through the SLO burn alerts
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has had requests waiting for 20 minutes ({{ $labels.model_name }})",
+                "description": "The queue has not emptied for 20 minutes ({{ $value }} waiting at least): users see long time-to-first-token.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmrequestswaitingpersistent",
+            },
+        },
+        {
+            "alert": "VllmReplicaImbalance",
+            # One replica of a model queues while a sibling idles: the load balancer, not capacity, is the
+            # problem (client-IP stickiness, a prefix-aware router pinning a hot prefix, a slow pod kept in rotation).
+            "expr": (f"{waiting_avg} >= 5 and on (namespace, model_name) (min by (namespace, model_name) ({waiting_avg}) < 1)"),
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: {{ $value }} requests wait while another replica of {{ $labels.model_name }} has none",
+                "description": "One replica queues while a sibling idles: requests are routed unevenly. Adding replicas will not help; fix the routing.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmreplicaimbalance",
+            },
+        },
+        {
+            "alert": "VllmFleetSaturated",
+            # Most replicas of one model queue at once: the fleet is at capacity, one incident however many pods page their
+            # own capacity verdicts (the example groups those by namespace and alert). More than half, of two or more.
+            "expr": (
+                f"count by (namespace, model_name) ({waiting_avg} >= 1)"
+                f" / count by (namespace, model_name) ({waiting_avg}) > 0.5"
+                f" and count by (namespace, model_name) ({waiting_avg}) >= 2"
+            ),
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.model_name }}: {{ $value | humanizePercentage }} of its replicas queue requests at once",
+                "description": "Most replicas of the model queue at the same time: the fleet is at capacity, not one pod. Add replicas (raise the "
+                "autoscaler's maximum); the per-pod capacity alerts of these replicas are this one incident.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmfleetsaturated",
+            },
+        },
+        {
+            "alert": "VllmTargetDown",
+            # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes), nor while a
+            # new pod's sidecar has not started.
+            "expr": f"{select('up', VLLM_JOB)} == 0 and on (namespace, pod) {not_a_start}",
+            "for": "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: Prometheus cannot scrape vLLM",
+                "description": "vLLM's /metrics on {{ $labels.instance }} has failed for 2 minutes: the server is down, restarting or hung.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmtargetdown",
+            },
+        },
+        {
+            "alert": "VllmTriageDown",
+            "expr": f"{select('up', SIDECAR_JOB)} == 0",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: the vllm-triage sidecar cannot be scraped",
+                "description": "The diagnosis for {{ $labels.instance }} is blind: check the sidecar container's restarts and logs.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmtriagedown",
+            },
+        },
+        {
+            "alert": "VllmTriageSourceDown",
+            # Not while vLLM loads its model: the vllm, process and gil sources have nothing to read yet.
+            "expr": f"{select('vllm_triage_source_up')} == 0 unless on (namespace, pod) {is_starting}",
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vllm-triage source {{ $labels.source }} is down",
+                "description": "The sidecar's {{ $labels.source }} source has failed for 10 minutes; conditions that need it are unknown. /diagnosis says why.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmtriagesourcedown",
+            },
+        },
+    ]
+
+
+def recording_rules(select: Selectors = SELECT) -> list[dict[str, str]]:
+    """What the fleet dashboard and the fleet alerts read, per model or per pod across the fleet."""
+    by_model = "sum by (namespace, model_name)"
+    return [
+        {
+            "record": "namespace_condition:vllm_triage_condition_active:sum",
+            "expr": f"sum by (namespace, condition, severity) ({select('vllm_triage_condition_active')})",
+        },
+        {"record": "model_name:vllm_num_requests_running:sum", "expr": f"{by_model} ({select.vllm('vllm:num_requests_running')})"},
+        {"record": "model_name:vllm_num_requests_waiting:sum", "expr": f"{by_model} ({select.vllm('vllm:num_requests_waiting')})"},
+        {"record": "model_name:vllm_kv_cache_usage_perc:max", "expr": f"max by (namespace, model_name) ({select.vllm('vllm:kv_cache_usage_perc')})"},
+        {"record": "model_name:vllm_generation_tokens:rate5m", "expr": f"{by_model} (rate({select.vllm('vllm:generation_tokens_total')}[5m]))"},
+        {
+            "record": "pod:vllm_num_requests_waiting:avg5m",
+            "expr": f"sum by (namespace, model_name, pod) (avg_over_time({select.vllm('vllm:num_requests_waiting')}[5m]))",
+        },
+        {"record": "model_name:vllm_prompt_tokens:rate5m", "expr": f"{by_model} (rate({select.vllm('vllm:prompt_tokens_total')}[5m]))"},
+        {
+            "record": "model_name:vllm_time_to_first_token_seconds:p95_5m",
+            "expr": f"histogram_quantile(0.95, sum by (namespace, model_name, le) (rate({select.vllm('vllm:time_to_first_token_seconds_bucket')}[5m])))",
+        },
+        {"record": "namespace:vllm_triage_gpu_sm_active_ratio:avg", "expr": f"avg by (namespace) ({select('vllm_triage_gpu_sm_active_ratio')})"},
+    ]
+
+
+def rule_groups(select: Selectors = SELECT) -> list[dict[str, Any]]:
+    return [
+        {"name": "vllm-triage.conditions", "rules": condition_alerts(select)},
+        {"name": "vllm-triage.vllm", "rules": vllm_alerts(select)},
+        {"name": "vllm-triage.recording", "rules": recording_rules(select)},
+        {"name": "vllm-triage.slo", "rules": slo_recording_rules(select) + slo_alerts(select)},
     ]
 
 
@@ -425,66 +457,9 @@ def rules_file() -> dict[str, Any]:
     return {"groups": rule_groups()}
 
 
-# The chart's rules judge the pods of their own release (monitoring.prometheusRule.scope: release): its scrape objects
-# label every series with RELEASE_LABEL, and every selector of its rules asks for it. The chart's copy of the rules
-# carries the matcher with a placeholder the template fills in (or removes: scope cluster).
-RELEASE_LABEL = "vllm_triage_release"
-RELEASE_MATCHER = f'{RELEASE_LABEL}="__RELEASE__"'
-_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile", "limitk", "limit_ratio"}
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan", "atan2"}
-_LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
-_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-
-
-def scoped(expr: str, matcher: str) -> str:
-    """`expr` with `matcher` first in every series selector (`name{a="b"}` -> `name{matcher, a="b"}`, `name` ->
-    `name{matcher}`, `{__name__=~"a|b"}` -> `{matcher, __name__=~"a|b"}`); functions, aggregations, keywords, label
-    lists, strings and ranges are left as they are."""
-    out, i = [], 0
-    while i < len(expr):
-        char = expr[i]
-        if char in "\"'":
-            end = expr.index(char, i + 1) + 1
-        elif char == "{":  # a selector by its matchers alone (a renamed metric's spellings: vllm_metric)
-            end = expr.index("}", expr.index("__name__", i)) + 1
-            out.append("{" + matcher + ", " + expr[i + 1 : end])
-            i = end
-            continue
-        elif char == "[":
-            end = expr.index("]", i) + 1
-        elif char.isdigit() or (char == "." and expr[i + 1 : i + 2].isdigit()):
-            end = re.compile(r"[0-9A-Za-z_.]*").match(expr, i).end()  # type: ignore[union-attr]
-        elif (name := _NAME.match(expr, i)) is not None:
-            end, word = name.end(), name.group()
-            rest = expr[end:].lstrip()
-            out.append(word)
-            if word in _LABEL_LISTS and rest.startswith("("):
-                close = expr.index(")", end) + 1
-                out.append(expr[end:close])
-                i = close
-                continue
-            if word in _KEYWORDS or word in _AGGREGATIONS or rest.startswith("("):
-                i = end
-                continue
-            if expr[end : end + 1] == "{":
-                close = expr.index("}", end)
-                inner = expr[end + 1 : close].strip()
-                out.append("{" + matcher + (", " + inner if inner else "") + "}")
-                i = close + 1
-            else:
-                out.append("{" + matcher + "}")
-                i = end
-            continue
-        else:
-            end = i + 1
-        out.append(expr[i:end])
-        i = end
-    return "".join(out)
-
-
 def chart_rules_file() -> dict[str, Any]:
-    """The rules as the chart ships them: every selector asks for RELEASE_MATCHER (the template fills it in)."""
-    return {"groups": [{**group, "rules": [{**rule, "expr": scoped(rule["expr"], RELEASE_MATCHER)} for rule in group["rules"]]} for group in rule_groups()]}
+    """The rules as the chart ships them: every selector asks for RELEASE_MATCHER first (the template fills it in)."""
+    return {"groups": rule_groups(CHART_SELECT)}
 
 
 def prometheus_rule() -> dict[str, Any]:
@@ -593,7 +568,7 @@ def _render(template: str, labels: dict[str, str], value: str) -> str:
 
 
 def _vllm_alert_tests() -> list[dict[str, Any]]:
-    rules = {rule["alert"]: rule for rule in VLLM_ALERTS}
+    rules = {rule["alert"]: rule for rule in vllm_alerts()}
 
     def fires(alert: str, eval_time: str, labels: dict[str, str], value: str = "") -> dict[str, Any]:
         annotations = {k: _render(v, labels, value) for k, v in rules[alert]["annotations"].items()}
@@ -792,7 +767,7 @@ def one_story_inhibitions() -> list[dict[str, Any]]:
     after it in the sidecar's precedence (the one whose fix comes first leads: the primary verdict) and the rules on
     vLLM's own metrics that tell its story or a later one's."""
     alerting = [cid for cid in PRECEDENCE if CONDITIONS_BY_ID[cid].severity in ("warning", "critical")]
-    severity = {alert_name(cid): CONDITIONS_BY_ID[cid].severity for cid in alerting} | {a["alert"]: a["labels"]["severity"] for a in VLLM_ALERTS}
+    severity = {alert_name(cid): CONDITIONS_BY_ID[cid].severity for cid in alerting} | {a["alert"]: a["labels"]["severity"] for a in vllm_alerts()}
     rules = []
     for index, cid in enumerate(alerting):
         # never a page muted by a ticket: only alerts of the source's severity or lower
@@ -848,7 +823,7 @@ def runbooks_markdown(header: str) -> str:
         if c.severity not in ("warning", "critical"):
             continue
         lines += _runbook(alert_name(c.id), c)
-    for rule in VLLM_ALERTS:
+    for rule in vllm_alerts():
         lines += ["", f"## {rule['alert']}", "", f"Severity: {rule['labels']['severity']}. Expression: `{rule['expr']}` for {rule['for']}.", ""]
         lines.append(
             rule["annotations"]["description"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import helm_python
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 from vllm_triage import cli
@@ -270,6 +271,13 @@ def test_before_kubernetes_1_29_the_sidecar_is_a_plain_container_and_no_operator
     assert not [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
 
 
+def selectors_of(expr: str) -> list[promql_parser.VectorSelector]:
+    """Every series selector of a PromQL expression, as Prometheus' parser reads it."""
+    found: list[promql_parser.VectorSelector] = []
+    promql_parser.walk(promql_parser.parse(expr), lambda node: found.append(node) if isinstance(node, promql_parser.VectorSelector) else None)
+    return found
+
+
 def test_monitoring_scrapes_both_under_the_job_names_the_alerts_use_and_ships_the_generated_rules(tmp_path):
     objects = render(ci_values("default"))
     monitor = one(objects, "PodMonitor")
@@ -285,7 +293,11 @@ def test_monitoring_scrapes_both_under_the_job_names_the_alerts_use_and_ships_th
     cluster = one(render({**ci_values("default"), "monitoring": {"prometheusRule": {"scope": "cluster"}}}), "PrometheusRule")
     assert cluster["spec"] == yaml.safe_load((ROOT / "alerts" / RULES_FILE).read_text())
     scoped = [r for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert all('vllm_triage_release="inference/llm"' in r["expr"] for r in scoped)
+    # every selector of every rule, as a PromQL parser reads it, asks for the release's own series: a rule that missed
+    # one would judge another release's pods beside its own
+    for r in scoped:
+        selectors = selectors_of(r["expr"])
+        assert selectors and all(("vllm_triage_release", "inference/llm") in {(m.name, m.value) for m in s.matchers.matchers} for s in selectors), r
     assert all(r["labels"] == {"vllm_triage_release": "inference/llm"} for r in scoped if "record" in r)
     if shutil.which("promtool"):
         for spec in (rule["spec"], cluster["spec"]):

@@ -56,7 +56,7 @@ def test_prometheus_rule_matches_the_rule_file():
 
 
 def test_recording_rules_follow_level_metric_operations():
-    for rule in mixin.RECORDING_RULES:
+    for rule in mixin.recording_rules():
         level, metric, operations = rule["record"].split(":")
         assert level and metric and operations
 
@@ -149,9 +149,9 @@ def test_one_incident_pages_once_and_no_page_is_muted_by_a_ticket():
     never mutes a critical."""
     from vllm_triage.diagnosis.conditions import CONDITIONS_BY_ID
 
-    from mixin.rules import VLLM_ALERTS, alert_name, alertmanager_example
+    from mixin.rules import alert_name, alertmanager_example, vllm_alerts
 
-    severity = {alert_name(cid): c.severity for cid, c in CONDITIONS_BY_ID.items()} | {a["alert"]: a["labels"]["severity"] for a in VLLM_ALERTS}
+    severity = {alert_name(cid): c.severity for cid, c in CONDITIONS_BY_ID.items()} | {a["alert"]: a["labels"]["severity"] for a in vllm_alerts()}
 
     def muted_by(source: str) -> set[str]:
         rules = [r for r in alertmanager_example()["inhibit_rules"] if r["source_matchers"] == [f'alertname="{source}"']]
