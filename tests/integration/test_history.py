@@ -48,6 +48,17 @@ def first_active(timeline: list[tuple[float, set[str]]], condition: str) -> floa
     return next((t for t, active in timeline if condition in active), None)
 
 
+def scrape_health(prometheus, start: float, end: float) -> dict[str, tuple[int, float]]:
+    """Per job, the scrapes Prometheus failed and its slowest one (s) over the run: a failed scrape leaves a gap in
+    the history that the live sidecar, with its own 5 s timeout, did not have."""
+    health = {}
+    for series in prometheus.query_range("scrape_duration_seconds", start, end):
+        job = series["metric"]["job"]
+        failed = prometheus.query_range(f'count_over_time((up{{job="{job}"}} == 0)[{int(end - start) + 1}s:1s])', end, end)
+        health[job] = (int(float(failed[0]["values"][0][1])) if failed else 0, max(float(v) for _, v in series["values"]))
+    return health
+
+
 def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
     config = tmp_path / "settings.yaml"
     config.write_text(SETTINGS)
@@ -87,12 +98,20 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
         # the incident page of the same history: a band per verdict the replay judged, over vLLM's and the GPUs' plots
         text = page.read_text()
         assert "kv_cache_saturated" in text and "Requests running and waiting" in text and "GPU activity" in text, text[:500]
+        health = scrape_health(prometheus, start, end)
+        assert set(health) == set(jobs), health
         for condition in JUDGED:
             live = first_active(timeline, condition)
             rose = next((c["since"] for c in changes if c["condition"] == condition and c["state"] == "active"), None)
             assert rose is not None, (condition, [c for c in changes if c["condition"] == condition])
             # the same data a second apart (each scraped vLLM on its own clock) and the live view polled every second
-            assert abs(rose - live) <= 5, (condition, rose - start, live - start)
+            assert abs(rose - live) <= 5, (
+                condition,
+                rose - start,
+                live - start,
+                health,
+                [(c["state"], c["since"] and c["since"] - start) for c in changes if c["condition"] == condition],
+            )
         ever_live = set().union(*(active for _, active in timeline))
         ever_history = {c["condition"] for c in changes if c["state"] == "active"}
         # the same story, and the GPU's from dcgm-exporter beside it: util.gpu 0.98 with SMs at 0.11 and a thermal slowdown all along
