@@ -58,10 +58,12 @@ def reference_markdown() -> str:
     lines.append("Set in the YAML file (`--config`), as `VLLM_TRIAGE_<KEY>` environment variables, or as flags;")
     lines.append("later sources win in that order.")
     lines.append("")
-    lines.append("| key | flag | environment | default | meaning |")
-    lines.append("|---|---|---|---|---|")
-    for o in OPTIONS:
-        lines.append(f"| `{o.key}` | `{o.flag}` | `{o.env}` | `{o.default}` | {o.help} |")
+    for source in dict.fromkeys(o.source for o in OPTIONS):
+        if source:
+            lines += ["", f"### The {source} source's own options", ""]
+        lines.append("| key | flag | environment | default | meaning |")
+        lines.append("|---|---|---|---|---|")
+        lines += [f"| `{o.key}` | `{o.flag}` | `{o.env}` | `{o.default}` | {o.help} |" for o in OPTIONS if o.source == source]
     for entry in CATALOG:
         lines += _signal_table(entry)
     return "\n".join(lines) + "\n"

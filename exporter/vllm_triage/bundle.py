@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .capture import CaptureWriter
-from .config import redact_url
 from .model import VLLM_SOURCE, Reading, Snapshot, diagnosis_json
+from .options import redact_url
 from .signals.window import HistogramDelta, WindowView
 from .store import Store
 

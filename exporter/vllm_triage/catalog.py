@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .model import GIL_SOURCE, GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE
+from .options import bad, boolean, choice, gpu_list, number, option, optional, text
 from .scope import ScopeKind
 from .signals.gpu import GPU_SIGNALS
 from .signals.host import GIL_SIGNALS, HOST_SIGNALS
@@ -32,13 +33,16 @@ class SourceEntry:
     # (the host scope holds every such table's signals)
     scope_kind: ScopeKind
     exported_as: str  # its windowed signals are vllm_triage_<exported_as><family>{<scope_labels>, ...}
-    interval_option: str  # the Config key of its cadence
+    interval_option: str  # the option of its cadence: the config's own or one of `options`
     title: str  # its signal table's title in docs/reference.md
     scope_labels: tuple[str, ...] = ()
     lookback_seconds: float = 0.0  # its window (and history) is at least this long
     # The families of its last reading exported as read (vllm_triage_<family>, like dcgm-exporter), each with its help;
     # every one begins with the source's name.
     latest_help: Mapping[str, str] = field(default_factory=dict)
+    # Its own options: a frozen dataclass of `option` fields (each a YAML key, a VLLM_TRIAGE_* variable and a flag),
+    # which config.py adds to the options table; its builder reads them with `config.options(<the class>)`.
+    options: type[Any] | None = None
 
     @property
     def exports_latest(self) -> bool:
@@ -105,13 +109,82 @@ _GPU_HELP = {
     ),
 }
 
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    process_interval_seconds: float = option(2.0, number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S")
+    process_title_prefix: str = option("VLLM", text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    gpu_interval_seconds: float = option(2.0, number(0.1), "How often to read the GPUs (GPM covers each interval whole).", "S")
+    gpus: tuple[str, ...] | None = option(None, optional(gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST")
+    gpus_file: str | None = option(
+        None,
+        optional(text),
+        "A file naming the GPUs vLLM's container was given (UUIDs or indices, one per line), written by that container; read until it appears.",
+        "FILE",
+    )
+    gpu_source: str = option(
+        "nvml",
+        choice("nvml", "dcgm"),
+        "Where the GPU readings come from: nvml (the sidecar reads the GPUs itself) or dcgm (the node's dcgm-exporter, at dcgm_url).",
+        "NAME",
+    )
+    dcgm_url: str | None = option(
+        None,
+        optional(text),
+        "dcgm-exporter's /metrics (gpu_source: dcgm), e.g. http://$(NODE_IP):9400/metrics; its GPUs of this pod (POD_NAME, POD_NAMESPACE) are read.",
+        "URL",
+    )
+    gpm: bool = option(True, boolean, "Use GPM (SM activity, tensor, DRAM bandwidth) where the GPU supports it.", "BOOL")
+
+    def __post_init__(self) -> None:
+        if self.gpu_source == "dcgm" and not self.dcgm_url:
+            raise bad("dcgm_url", self.dcgm_url, "gpu_source: dcgm needs dcgm-exporter's URL, e.g. http://10.0.0.5:9400/metrics")
+
+
+@dataclass(frozen=True)
+class GilOptions:
+    # py-spy reads vLLM's memory without pausing it (nonblocking): a window cost a CPU-bound real engine nothing
+    # measurable while open, where blocking cost it 2-7 % (README, bench/real_engine.py gil_window).
+    gil_interval_seconds: float = option(120.0, number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
+    gil_window_seconds: float = option(3.0, number(0.5), "Length of each py-spy window (one process at a time).", "S")
+    gil_rate: int = option(20, number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
+    gil_nonblocking: bool = option(
+        True,
+        boolean,
+        "py-spy --nonblocking: vLLM is not paused (false: py-spy's blocking mode stops every thread for each sample, which costs "
+        "vLLM throughput while a window is open; docs/measurements.md has the figures).",
+        "BOOL",
+    )
+
+
 CATALOG: tuple[SourceEntry, ...] = (
     SourceEntry(VLLM_SOURCE, VLLM_SIGNALS, "engine", "vllm_", "scrape_interval_seconds", "Layer-1 signals", ("engine", "model_name")),
-    SourceEntry(PROCESS_SOURCE, HOST_SIGNALS, "host", "process_window_", "process_interval_seconds", "Process (psutil) signals", latest_help=_PROCESS_HELP),
-    SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", "GPU signals", ("gpu",), latest_help=_GPU_HELP),
+    SourceEntry(
+        PROCESS_SOURCE,
+        HOST_SIGNALS,
+        "host",
+        "process_window_",
+        "process_interval_seconds",
+        "Process (psutil) signals",
+        latest_help=_PROCESS_HELP,
+        options=ProcessOptions,
+    ),
+    SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", "GPU signals", ("gpu",), latest_help=_GPU_HELP, options=GpuOptions),
     # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
     SourceEntry(
-        GIL_SOURCE, GIL_SIGNALS, "host", "process_window_", "gil_interval_seconds", "GIL (py-spy) signals", lookback_seconds=180.0, latest_help=_GIL_HELP
+        GIL_SOURCE,
+        GIL_SIGNALS,
+        "host",
+        "process_window_",
+        "gil_interval_seconds",
+        "GIL (py-spy) signals",
+        lookback_seconds=180.0,
+        latest_help=_GIL_HELP,
+        options=GilOptions,
     ),
 )
 SOURCE_NAMES = tuple(entry.name for entry in CATALOG)  # the `sources` setting's choices (config.py)
@@ -126,9 +199,11 @@ class _Cadences(Protocol):
     @property
     def stale_after_seconds(self) -> float | None: ...
 
+    def value(self, key: str) -> Any: ...
+
 
 def stale_after(config: _Cadences) -> dict[str, float]:
     """Per source: how long its readings stay evidence after it starts failing: the config's stale_after_seconds, or by
     default STALE_INTERVALS of the source's own cadence (its `interval_option`), at least STALE_MIN_SECONDS."""
     configured = config.stale_after_seconds
-    return {e.name: configured if configured is not None else max(STALE_MIN_SECONDS, STALE_INTERVALS * getattr(config, e.interval_option)) for e in CATALOG}
+    return {e.name: configured if configured is not None else max(STALE_MIN_SECONDS, STALE_INTERVALS * config.value(e.interval_option)) for e in CATALOG}

@@ -20,10 +20,11 @@ from typing import Any
 
 from . import __version__, html_report, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
-from .config import DEFAULT_PORT, OPTIONS, Config, ConfigError, add_flags, load, redact_url
+from .config import DEFAULT_PORT, OPTIONS, Config, add_flags, load
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading, Snapshot, diagnosis_json
+from .options import ConfigError, redact_url
 from .pipeline import judge_at, replay
 from .registry import build_sources, start_sources
 from .report import SEVERITY_ORDER, format_report, format_transition

@@ -23,12 +23,13 @@ from aiohttp.web import Application, AppRunner
 from . import html_report
 from .bundle import MIN_SECONDS_BETWEEN, bundle_archive, write_bundle
 from .capture import demo_capture_path, read_readings
-from .config import Config, ConfigError
+from .config import Config
 from .cpu_account import CPU
 from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, ProcessTargets, Reading, Snapshot
+from .options import ConfigError
 from .pipeline import Pipeline
 from .registry import build_sources, every, start_sources
 from .server import PROBE_PATHS, CappedTCPSite, ProbeAnswer, make_app, probe_answer, serve

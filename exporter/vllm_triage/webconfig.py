@@ -29,7 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import ConfigError, read_yaml_mapping
+from .config import read_yaml_mapping
+from .options import ConfigError
 
 TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")
 CLIENT_AUTH = {

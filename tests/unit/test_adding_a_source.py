@@ -1,8 +1,9 @@
 """docs/development.md's recipe for a new source, followed on a copy of the package: a toy source is its module in
-sources/, its signal table in signals/ and one catalog entry, and nothing else is edited. The sidecar then takes it in
-everywhere a user meets a source: the `sources` setting and its stale-after default, the daemon's builder, the judge's
-window, /metrics (its windowed signal and its last reading, each with its help), /diagnosis, the Prometheus-history
-query and docs/reference.md."""
+sources/, its signal table in signals/ and one catalog entry with its own options, and nothing else is edited. The
+sidecar then takes it in everywhere a user meets a source: the `sources` setting and its stale-after default, its own
+option (a YAML key, an environment variable and a flag, checked, in the chart's schema), the daemon's builder, the
+judge's window, /metrics (its windowed signal and its last reading, each with its help), /diagnosis, the
+Prometheus-history query and docs/reference.md."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..catalog import ToyOptions
 from ..model import Reading, make_labels
 from . import Clock, SourceLoop, nothing_to_close
 
@@ -31,10 +33,12 @@ if TYPE_CHECKING:
 
 
 def build(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
-    async def collect() -> Reading:
-        return Reading("toy", clock(), True, {("toy_queue_depth", make_labels({"role": "engine_core"})): 3.0})
+    options = config.options(ToyOptions)
 
-    return SourceLoop("toy", config.scrape_interval_seconds, collect, nothing_to_close)
+    async def collect() -> Reading:
+        return Reading("toy", clock(), True, {("toy_queue_depth", make_labels({"role": "engine_core"})): options.toy_depth})
+
+    return SourceLoop("toy", options.toy_interval_seconds, collect, nothing_to_close)
 '''
 
 TOY_SIGNALS = '''"""The toy source's signals."""
@@ -55,16 +59,26 @@ TOY_SIGNALS: tuple[SignalDef, ...] = (
 )
 '''
 
+TOY_OPTIONS = """
+
+@dataclass(frozen=True)
+class ToyOptions:
+    toy_interval_seconds: float = option(5.0, number(1.0), "How often to read the toy queue.", "S")
+    toy_depth: float = option(3.0, number(0.0, 100.0), "How deep the toy queue reads.", "N")
+
+"""
 TOY_ENTRY = (
-    '    SourceEntry("toy", TOY_SIGNALS, "host", "toy_window_", "scrape_interval_seconds", "Toy signals", '
-    'latest_help={"toy_queue_depth": "How deep the toy queue is."}),\n'
+    '    SourceEntry("toy", TOY_SIGNALS, "host", "toy_window_", "toy_interval_seconds", "Toy signals", '
+    'latest_help={"toy_queue_depth": "How deep the toy queue is."}, options=ToyOptions),\n'
 )
 
 # Run in the copy: everything a user meets, read back as the sidecar serves it.
 CHECK = r"""
-import asyncio, json, re, time
+import argparse, asyncio, json, re, time
 from vllm_triage import catalog
-from vllm_triage.config import ConfigError, load
+from vllm_triage.config import add_flags, config_schema
+from vllm_triage.config import load
+from vllm_triage.options import ConfigError
 from vllm_triage.exposition import Exposition
 from vllm_triage.model import ProcessTargets
 from vllm_triage.pipeline import Pipeline
@@ -72,12 +86,16 @@ from vllm_triage.registry import build_sources
 from vllm_triage.sources.prometheus import _LATEST_QUERY
 from mixin.generate import reference_markdown
 
-config = load(env={"VLLM_TRIAGE_SOURCES": "vllm,toy", "VLLM_TRIAGE_SCRAPE_INTERVAL_SECONDS": "10"})
-try:
-    load(env={"VLLM_TRIAGE_SOURCES": "vllm,toys"})
-    refused = ""
-except ConfigError as error:
-    refused = str(error)
+config = load(env={"VLLM_TRIAGE_SOURCES": "vllm,toy", "VLLM_TRIAGE_TOY_INTERVAL_SECONDS": "10"}, flags={"toy_depth": "7"})
+def refusal(**env):
+    try:
+        load(env=env)
+        return ""
+    except ConfigError as error:
+        return str(error)
+refused = refusal(VLLM_TRIAGE_SOURCES="vllm,toys")
+parser = argparse.ArgumentParser()
+add_flags(parser)
 (loop,) = [l for l in build_sources(config, time.time, ProcessTargets()) if l.name == "toy"]
 clock = [1000.0]
 toy = [l for l in build_sources(config, lambda: clock[0], ProcessTargets()) if l.name == "toy"][0]
@@ -93,6 +111,10 @@ print(json.dumps({
     "sources": list(config.sources),
     "refused": refused,
     "stale_after": catalog.stale_after(config)["toy"],
+    "default_interval": load().value("toy_interval_seconds"),
+    "depth_refused": refusal(VLLM_TRIAGE_TOY_DEPTH="deep"),
+    "flag": "--toy-depth" in parser.format_help(),
+    "schema": config_schema()["properties"].get("toy_depth"),
     "interval": loop.interval,
     "diagnosis": snapshot.to_json()["signals"]["host"].get("host_toy_queue_depth_mean"),
     "metrics": [line for line in metrics.splitlines() if "toy" in line],
@@ -109,9 +131,11 @@ def test_a_toy_source_added_by_the_guides_three_files_is_served_everywhere(tmp_p
     (copy / "signals" / "toy.py").write_text(TOY_SIGNALS)
     catalog = copy / "catalog.py"
     text = catalog.read_text()
-    imports, table_end = "from .signals.window import SignalDef\n", ")\nSOURCE_NAMES = "
-    assert imports in text and table_end in text, "the catalog's layout changed: update this test with the guide"
-    text = text.replace(imports, imports + "from .signals.toy import TOY_SIGNALS\n").replace(table_end, TOY_ENTRY + table_end)
+    imports, table, table_end = "from .signals.window import SignalDef\n", "\nCATALOG: tuple[SourceEntry, ...] = (", ")\nSOURCE_NAMES = "
+    assert imports in text and table in text and table_end in text, "the catalog's layout changed: update this test with the guide"
+    text = (
+        text.replace(imports, imports + "from .signals.toy import TOY_SIGNALS\n").replace(table, TOY_OPTIONS + table).replace(table_end, TOY_ENTRY + table_end)
+    )
     catalog.write_text(text)
     originals = {p: PACKAGE / p.relative_to(copy) for p in copy.rglob("*.py")}
     changed = sorted(str(p.relative_to(tmp_path)) for p, original in originals.items() if not original.exists() or original.read_bytes() != p.read_bytes())
@@ -126,13 +150,18 @@ def test_a_toy_source_added_by_the_guides_three_files_is_served_everywhere(tmp_p
     assert seen["sources"] == ["vllm", "toy"]
     assert "toys" in seen["refused"] and "toy" in seen["refused"]  # a misspelt source is named, and the choices with it
     assert seen["stale_after"] == 30.0 and seen["interval"] == 10.0  # three of its own intervals
-    assert seen["diagnosis"] == 3.0
+    assert seen["default_interval"] == 5.0
+    # its own option: a wrong value is named with what is allowed; a flag; in the chart's schema
+    assert "toy_depth" in seen["depth_refused"] and "'deep'" in seen["depth_refused"] and "<= 100.0" in seen["depth_refused"]
+    assert seen["flag"] and seen["schema"]["maximum"] == 100.0 and seen["schema"]["description"] == "How deep the toy queue reads."
+    assert seen["diagnosis"] == 7.0  # the depth its option set, read by its builder
     metrics = "\n".join(seen["metrics"])
     assert "# HELP vllm_triage_toy_window_queue_depth_mean The toy queue's mean depth over the window." in metrics
-    assert 'vllm_triage_toy_window_queue_depth_mean{role="engine_core"} 3.0' in metrics
+    assert 'vllm_triage_toy_window_queue_depth_mean{role="engine_core"} 7.0' in metrics
     assert "# HELP vllm_triage_toy_queue_depth How deep the toy queue is." in metrics
-    assert 'vllm_triage_toy_queue_depth{role="engine_core"} 3.0' in metrics
+    assert 'vllm_triage_toy_queue_depth{role="engine_core"} 7.0' in metrics
     assert 'vllm_triage_source_up{source="toy"} 1.0' in metrics
     assert seen["history"]
     reference = "\n".join(seen["reference"])
+    assert "### The toy source's own options" in reference and "`VLLM_TRIAGE_TOY_DEPTH`" in reference
     assert "## Toy signals" in reference and "`vllm_triage_toy_window_queue_depth_mean`" in reference and "`vllm_triage_toy_queue_depth`" in reference

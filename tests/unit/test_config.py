@@ -7,7 +7,9 @@ import os
 import jsonschema
 import pytest
 import yaml
-from vllm_triage.config import OPTIONS, ConfigError, config_schema, load
+from vllm_triage.catalog import GpuOptions
+from vllm_triage.config import OPTIONS, config_schema, load
+from vllm_triage.options import ConfigError
 
 from harness.components import start_sidecar
 
@@ -98,7 +100,7 @@ def test_wrong_env_value_is_named():
 
 def test_sources_and_gpus_lists():
     config = load(env={"VLLM_TRIAGE_SOURCES": "gpu, vllm", "VLLM_TRIAGE_GPUS": "0,GPU-abc"})
-    assert config.sources == ("gpu", "vllm") and config.gpus == ("0", "GPU-abc")
+    assert config.sources == ("gpu", "vllm") and config.options(GpuOptions).gpus == ("0", "GPU-abc")
     with pytest.raises(ConfigError) as info:
         load(env={"VLLM_TRIAGE_SOURCES": "vllm,nvml"})
     assert "sources" in str(info.value) and "vllm, process, gpu" in str(info.value)
@@ -176,8 +178,8 @@ def test_a_huge_or_deeply_nested_config_is_refused_in_one_line(tmp_path):
 
 
 def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
-    """Loading the config reads the condition table, the sources' catalog (with their signal tables) and the model,
-    nothing that runs: no source, registry or engine (they import the config, never the other way round)."""
+    """Loading the config reads the condition table, the sources' catalog (with their signal tables and options), the
+    options' parsers and the model, nothing that runs: no source, registry or engine (they import the config, never the other way round)."""
     import subprocess
     import sys
 
@@ -187,6 +189,7 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
         "vllm_triage",
         "vllm_triage.catalog",
         "vllm_triage.config",
+        "vllm_triage.options",
         "vllm_triage.diagnosis",
         "vllm_triage.diagnosis.condition",
         "vllm_triage.diagnosis.conditions",

@@ -15,7 +15,8 @@ import yaml
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_triage.config import ConfigError, load
+from vllm_triage.config import load
+from vllm_triage.options import ConfigError
 from vllm_triage.sources.dcgm import DcgmSource
 from vllm_triage.sources.prometheus import HistoryLimits
 from vllm_triage.webconfig import load_web_config

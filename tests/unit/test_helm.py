@@ -17,6 +17,7 @@ import promql_parser
 import pytest
 import yaml
 from vllm_triage import cli
+from vllm_triage.catalog import GilOptions, GpuOptions
 
 from mixin import rules as mixin
 from mixin.dashboards import DASHBOARDS
@@ -133,8 +134,8 @@ def test_profiler_adds_ptrace_and_the_shared_process_namespace_and_nothing_to_vl
     assert by_name["vllm-triage"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert "securityContext" not in by_name["vllm"]  # vLLM's container is left as the image wants it
     config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
-    assert config.sources == ("vllm", "process", "gpu", "gil") and config.gil_interval_seconds == 30
-    assert list(config.gpus) == ["GPU-5d3f0a8e-1c2b-4b8e-9f1a-2f6c1e7d9a01", "GPU-8b2c4d6e-3f5a-4c7b-8d9e-0a1b2c3d4e02"]
+    assert config.sources == ("vllm", "process", "gpu", "gil") and config.options(GilOptions).gil_interval_seconds == 30
+    assert list(config.options(GpuOptions).gpus or ()) == ["GPU-5d3f0a8e-1c2b-4b8e-9f1a-2f6c1e7d9a01", "GPU-8b2c4d6e-3f5a-4c7b-8d9e-0a1b2c3d4e02"]
     assert config.conditions["kv_cache_saturated"].for_seconds == 60  # the ConfigMap reached the sidecar
     endpoints = one(objects, "ServiceMonitor")["spec"]["endpoints"]
     assert {e["port"]: e["relabelings"][0]["replacement"] for e in endpoints} == {"http": "vllm", "triage": "vllm-triage"}
@@ -643,7 +644,7 @@ def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     assert mounts <= volumes.keys(), mounts - volumes.keys()  # every mount has its volume
     assert volumes["vllm-triage-config"]["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"] == "mine-vllm-triage"
     config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
-    assert config.conditions["kv_cache_saturated"].for_seconds == 60 and config.gpus_file == "/run/vllm-triage/gpus"
+    assert config.conditions["kv_cache_saturated"].for_seconds == 60 and config.options(GpuOptions).gpus_file == "/run/vllm-triage/gpus"
     assert by_name["vllm"]["command"][:2] == ["/bin/sh", "-c"] and by_name["vllm"]["command"][-2:] == ["vllm", "serve"]
     # with monitoringOnly in place of templatesOnly (the paragraph after the snippet), the parent gets scraping, rules and
     # dashboards over its own pods, and still no workload of this chart's
@@ -665,7 +666,7 @@ def test_vllms_container_tells_the_sidecar_its_gpus_through_a_shared_file(tmp_pa
     by_name = containers(one(objects, "Deployment"))
     vllm, sidecar = by_name["vllm"], by_name["vllm-triage"]
     config = sidecar_config(sidecar, objects, tmp_path)
-    assert config.gpus_file == "/run/vllm-triage/gpus" and config.gpus is None
+    assert config.options(GpuOptions).gpus_file == "/run/vllm-triage/gpus" and config.options(GpuOptions).gpus is None
     mounts = {c: {m["name"]: m for m in by_name[c]["volumeMounts"]} for c in by_name}
     assert mounts["vllm"]["vllm-triage-run"]["mountPath"] == mounts["vllm-triage"]["vllm-triage-run"]["mountPath"] == "/run/vllm-triage"
     assert mounts["vllm-triage"]["vllm-triage-run"]["readOnly"] is True
@@ -688,7 +689,7 @@ def test_no_gpu_file_when_the_gpus_are_listed_or_the_view_is_off(gpu, tmp_path):
     objects = render({"triage": {"gpu": gpu}})
     by_name = containers(one(objects, "Deployment"))
     assert by_name["vllm"]["command"] == ["vllm", "serve"]
-    assert sidecar_config(by_name["vllm-triage"], objects, tmp_path).gpus_file is None
+    assert sidecar_config(by_name["vllm-triage"], objects, tmp_path).options(GpuOptions).gpus_file is None
 
 
 def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ..catalog import GilOptions
 from ..model import GIL_SOURCE, ProcessTargets, Reading, SeriesKey, make_labels
 from . import Clock, SourceLoop
 
@@ -256,5 +257,6 @@ class GilSource:
 
 def build(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
     """A py-spy window on the engine core and the API server every gil_interval_seconds."""
-    source = GilSource(targets, config.gil_window_seconds, config.gil_rate, config.gil_nonblocking, clock=clock)
-    return SourceLoop(GIL_SOURCE, config.gil_interval_seconds, source.collect, source.close)
+    options = config.options(GilOptions)
+    source = GilSource(targets, options.gil_window_seconds, options.gil_rate, options.gil_nonblocking, clock=clock)
+    return SourceLoop(GIL_SOURCE, options.gil_interval_seconds, source.collect, source.close)

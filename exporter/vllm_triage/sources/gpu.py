@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ..catalog import GpuOptions
 from ..cpu_account import CPU
 from ..model import CLOCK_EVENT_REASONS, GPU_SOURCE, ComputeProcess, GpuEntry, GpuMeta, Labels, ProcessTargets, Reading, SeriesKey, make_labels
 from . import Clock, SourceLoop
@@ -524,13 +525,14 @@ def _text(value: str | bytes) -> str:
 def build(config: Config, clock: Clock, targets: ProcessTargets) -> SourceLoop:
     """NVML (and GPM) on a worker thread every gpu_interval_seconds (NVML blocks), or dcgm-exporter's page where
     gpu_source is dcgm."""
-    if config.gpu_source == "dcgm":
-        assert config.dcgm_url is not None  # config.load requires it
-        dcgm = DcgmSource(config.dcgm_url, config.scrape_timeout_seconds, clock, max_page_bytes=config.max_page_bytes)
-        return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, dcgm.collect, dcgm.close)
-    source = GpuSource(config.gpus, targets, config.gpm, clock, gpus_file=config.gpus_file)
+    options = config.options(GpuOptions)
+    if options.gpu_source == "dcgm":
+        assert options.dcgm_url is not None  # GpuOptions requires it
+        dcgm = DcgmSource(options.dcgm_url, config.scrape_timeout_seconds, clock, max_page_bytes=config.max_page_bytes)
+        return SourceLoop(GPU_SOURCE, options.gpu_interval_seconds, dcgm.collect, dcgm.close)
+    source = GpuSource(options.gpus, targets, options.gpm, clock, gpus_file=options.gpus_file)
 
     async def close() -> None:
         source.close()
 
-    return SourceLoop(GPU_SOURCE, config.gpu_interval_seconds, partial(asyncio.to_thread, CPU.run, "gpu_collect", source.collect), close)
+    return SourceLoop(GPU_SOURCE, options.gpu_interval_seconds, partial(asyncio.to_thread, CPU.run, "gpu_collect", source.collect), close)

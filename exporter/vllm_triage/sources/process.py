@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ..catalog import ProcessOptions
 from ..cpu_account import CPU
 from ..model import PROCESS_SOURCE, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
 from . import Clock, SourceLoop, nothing_to_close
@@ -608,5 +609,7 @@ def _cgroup_throttling(path: str | None) -> dict[SeriesKey, float]:
 
 def build(config: Config, clock: Clock, _: ProcessTargets) -> SourceLoop:
     """Sample vLLM's processes every process_interval_seconds, on a worker thread (psutil blocks)."""
-    source = ProcessSource(config.vllm_port, config.process_title_prefix, clock)
-    return SourceLoop(PROCESS_SOURCE, config.process_interval_seconds, partial(asyncio.to_thread, CPU.run, "process_collect", source.collect), nothing_to_close)
+    options = config.options(ProcessOptions)
+    source = ProcessSource(config.vllm_port, options.process_title_prefix, clock)
+    collect = partial(asyncio.to_thread, CPU.run, "process_collect", source.collect)
+    return SourceLoop(PROCESS_SOURCE, options.process_interval_seconds, collect, nothing_to_close)

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 
 from ..catalog import CATALOG, EXPORTED_PREFIX
-from ..config import redact_url
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, MAX_NUM_SEQS_READ, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, VllmMeta, make_labels
+from ..options import redact_url
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import http_failure, read_bounded
 from .dcgm import dcgm_readings

@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES, redact_url
+from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_LABEL_VALUE_LENGTH, DEFAULT_MAX_SERIES
 from ..cpu_account import CPU
 from ..model import HISTOGRAM_SUFFIXES, VLLM_SOURCE, Reading, SeriesKey, VllmMeta, bucket_bound, make_labels
+from ..options import redact_url
 from ..scope import scope_of
 from ..signals.vllm import VLLM_SAMPLES_READ
 from . import Clock, SourceLoop, http_failure, read_bounded, shortened
