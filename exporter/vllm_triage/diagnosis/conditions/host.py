@@ -82,7 +82,7 @@ def _advise_api_servers(j: Judge) -> None:
     """--api-server-count N: N API servers feed an engine core that now uses `engine` of a core at most 1/engine times
     what one feeds (it saturates at one core), and the GPU at most sm_activity_max / SM activity times."""
     engine = j.signals.get("host_engine_core_busiest_thread_cpu_ratio_recent")
-    sm = j.signals.get("gpu_sm_activity_ratio")
+    sm = j.signals.get("gpu_sm_activity_ratio_recent")  # what the predicate judged, beside the thread's last 10 s
     count = int(j.signals.get("api_server_count") or 1)
     if engine is None:
         return
@@ -93,7 +93,7 @@ def _advise_api_servers(j: Judge) -> None:
     j.advise(
         f"--api-server-count {wanted}: {count} API server{'s' if count > 1 else ''} saturate{'s' if count == 1 else ''} a core while the engine core's "
         f"busiest thread uses {engine:.2f} of one: it can take about {1 / max(engine, 0.05):.1f}x the input"
-        + (f" and the GPU's SMs are {sm:.0%} active" if sm is not None else "")
+        + (f" and the GPU's SMs are {sm:.0%} active (last 10 s)" if sm is not None else "")
         + "; beyond that the engine core becomes the limit."
     )
 
@@ -184,7 +184,6 @@ GPU_STARVED = Condition(
     reads=(
         "host_engine_core_busiest_thread_cpu_ratio_recent",
         "host_engine_core_gil_held_ratio",
-        "gpu_sm_activity_ratio",
         "gpu_sm_activity_ratio_recent",
         "host_api_server_busiest_thread_cpu_ratio_recent",
         "host_api_server_gil_held_ratio",
