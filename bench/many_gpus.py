@@ -15,7 +15,7 @@ import platform
 import time
 
 from vllm_triage.capture import demo_capture_path, read_readings
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.exposition import Exposition
 from vllm_triage.model import GPU_SOURCE, Reading, Snapshot, make_labels
 from vllm_triage.pipeline import replay

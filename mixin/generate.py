@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, SourceEntry
-from vllm_triage.config import OPTIONS, config_schema
+from vllm_triage.config import OPTIONS
+from vllm_triage.config_loader import config_schema
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE
 
 from . import dashboards

@@ -20,7 +20,8 @@ from typing import Any
 
 from . import __version__, html_report, traces
 from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
-from .config import DEFAULT_PORT, OPTIONS, Config, add_flags, load
+from .config import DEFAULT_PORT, OPTIONS, Config
+from .config_loader import add_flags, load
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
 from .fleet import fleet_json, format_fleet, judge_fleet
 from .model import PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading, Snapshot, diagnosis_json

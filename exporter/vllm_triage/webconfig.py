@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import read_yaml_mapping
+from .config_loader import read_yaml_mapping
 from .options import ConfigError
 
 TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version")

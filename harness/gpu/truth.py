@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from vllm_triage.capture import read_readings
-from vllm_triage.config import Config, load
+from vllm_triage.config import Config
+from vllm_triage.config_loader import load
 from vllm_triage.diagnosis.conditions import CONDITIONS, gpu
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay

@@ -76,8 +76,8 @@ TOY_ENTRY = (
 CHECK = r"""
 import argparse, asyncio, json, re, time
 from vllm_triage import catalog
-from vllm_triage.config import add_flags, config_schema
-from vllm_triage.config import load
+from vllm_triage.config_loader import add_flags, config_schema
+from vllm_triage.config_loader import load
 from vllm_triage.options import ConfigError
 from vllm_triage.exposition import Exposition
 from vllm_triage.model import ProcessTargets

@@ -52,7 +52,8 @@ def test_the_judge_imports_no_store_signals_discovery_or_derive():
 
 def test_settings_import_no_source_and_evaluation_no_outlet():
     graph = imports()
-    assert not [t for t in reaches(graph, "vllm_triage.config") if t.startswith(("vllm_triage.sources", "vllm_triage.registry"))]
+    for settings in ("vllm_triage.config", "vllm_triage.config_loader"):
+        assert not [t for t in reaches(graph, settings) if t.startswith(("vllm_triage.sources", "vllm_triage.registry"))], settings
     outlets = ("vllm_triage.exposition", "vllm_triage.server", "vllm_triage.report", "vllm_triage.html_report", "vllm_triage.cli", "vllm_triage.daemon")
     for module in ("vllm_triage.pipeline", "vllm_triage.derive", "vllm_triage.store", "vllm_triage.diagnosis.engine"):
         assert not [t for t in reaches(graph, module) if t.startswith(outlets)], module

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vllm_triage import bundle
 from vllm_triage.capture import read_readings
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.model import Reading, make_labels
 from vllm_triage.pipeline import Pipeline, replay
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, SOURCE_NAMES, stale_after
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.exposition import SnapshotCollector
 from vllm_triage.model import ProcessTargets
 from vllm_triage.registry import builder

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from vllm_triage.capture import demo_capture_path, read_readings
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.derive import GLOBAL_SIGNALS
 from vllm_triage.diagnosis import engine
 from vllm_triage.diagnosis.conditions import CONDITIONS

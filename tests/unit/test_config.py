@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 import yaml
 from vllm_triage.catalog import GpuOptions
-from vllm_triage.config import OPTIONS, config_schema, load
+from vllm_triage.config import OPTIONS
+from vllm_triage.config_loader import config_schema, load
 from vllm_triage.options import ConfigError
 
 from harness.components import start_sidecar
@@ -183,12 +184,13 @@ def test_settings_are_a_leaf_the_sources_and_the_engine_build_on():
     import subprocess
     import sys
 
-    code = "import sys, vllm_triage.config; print(' '.join(sorted(m for m in sys.modules if m.startswith('vllm_triage'))))"
+    code = "import sys, vllm_triage.config_loader; print(' '.join(sorted(m for m in sys.modules if m.startswith('vllm_triage'))))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert loaded == {
         "vllm_triage",
         "vllm_triage.catalog",
         "vllm_triage.config",
+        "vllm_triage.config_loader",
         "vllm_triage.options",
         "vllm_triage.diagnosis",
         "vllm_triage.diagnosis.condition",

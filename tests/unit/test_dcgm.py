@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from aiohttp import web
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.options import ConfigError
 from vllm_triage.pipeline import Pipeline
 from vllm_triage.sources.dcgm import DcgmSource

@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.model import VLLM_SOURCE, Reading, diagnosis_json
 from vllm_triage.report import format_report

@@ -15,7 +15,7 @@ import yaml
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.options import ConfigError
 from vllm_triage.sources.dcgm import DcgmSource
 from vllm_triage.sources.prometheus import HistoryLimits

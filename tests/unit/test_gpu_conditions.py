@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import CLOCK_EVENT_REASONS, GPU_SOURCE, Reading, make_labels
 from vllm_triage.pipeline import evaluate

@@ -176,7 +176,7 @@ def test_max_num_seqs_from_history_is_named_so_and_series_answered_to_another_qu
     """diagnose --prometheus once labelled the max_num_seqs a sidecar had exported "from the sidecar config", and used
     any series the answer held, whatever its name: here an `up` series of 4 answered beside the real 48 (and a stray
     series beside vLLM's)."""
-    from vllm_triage.config import load
+    from vllm_triage.config_loader import load
     from vllm_triage.pipeline import replay
 
     start, steps = 1796000000.0, range(0, 62, 2)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.derive import DeriveSettings
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels

@@ -14,7 +14,7 @@ import pytest
 from vllm_triage import html_report
 from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.cli import main
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.pipeline import replay
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from vllm_triage.capture import read_readings
-from vllm_triage.config import load
+from vllm_triage.config_loader import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.discovery import Discovery
 from vllm_triage.exposition import Exposition
