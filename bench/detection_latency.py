@@ -18,9 +18,9 @@ import itertools
 import time
 from pathlib import Path
 
-from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 

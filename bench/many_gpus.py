@@ -14,9 +14,9 @@ import dataclasses
 import platform
 import time
 
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
 from vllm_triage.exposition import Exposition
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.model import GPU_SOURCE, Reading, Snapshot, make_labels
 from vllm_triage.pipeline import replay
 

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 import psutil
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.pipeline import replay
 
 from harness.gpu.truth import CONTENTION, CPU_BOUND, GPU_HEAVY, HUNG_KERNEL, KV_THRASH, SERVING, read_phases

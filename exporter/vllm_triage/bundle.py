@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .capture import CaptureWriter
+from .history.capture import CaptureWriter
 from .model import VLLM_SOURCE, Reading, Snapshot, diagnosis_json
 from .options import redact_url
 from .signals.window import HistogramDelta, WindowView

@@ -19,17 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, html_report, traces
-from .capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
 from .config import DEFAULT_PORT, OPTIONS, Config
 from .config_loader import add_flags, load
 from .daemon import ConfigWatch, serve_forever, steady_wall_clock
-from .fleet import fleet_json, format_fleet, judge_fleet
+from .history.capture import CaptureError, CaptureWriter, demo_capture_path, read_readings
+from .history.fleet import fleet_json, format_fleet, judge_fleet
+from .history.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 from .model import PROCESS_SOURCE, VLLM_SOURCE, ProcessTargets, Reading, Snapshot, diagnosis_json
 from .options import ConfigError, redact_url
 from .pipeline import judge_at, replay
 from .registry import build_sources, start_sources
 from .report import SEVERITY_ORDER, format_report, format_transition
-from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 from .webconfig import load_web_config
 
 SCRAPE_KEYS = (

@@ -22,12 +22,12 @@ from aiohttp.web import Application, AppRunner
 
 from . import html_report
 from .bundle import MIN_SECONDS_BETWEEN, bundle_archive, write_bundle
-from .capture import demo_capture_path, read_readings
 from .config import Config
 from .cpu_account import CPU
 from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
+from .history.capture import demo_capture_path, read_readings
 from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, ProcessTargets, Reading, Snapshot
 from .options import ConfigError
 from .pipeline import Pipeline

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_triage import traces as traces_module
-from vllm_triage.capture import CaptureWriter
 from vllm_triage.cli import observe
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import CaptureWriter
 
 from harness.load import Phase, run_load, run_load_processes
 from harness.vllm_server import wait_healthy

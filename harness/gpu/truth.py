@@ -7,10 +7,10 @@ import itertools
 import json
 from pathlib import Path
 
-from vllm_triage.capture import read_readings
 from vllm_triage.config import Config
 from vllm_triage.config_loader import load
 from vllm_triage.diagnosis.conditions import CONDITIONS, gpu
+from vllm_triage.history.capture import read_readings
 from vllm_triage.model import PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import replay
 from vllm_triage.sources.process import THREAD_SAMPLE_SECONDS

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from vllm_triage import html_report
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.pipeline import replay
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from vllm_triage.capture import CaptureWriter, read_description, read_readings
+from vllm_triage.history.capture import CaptureWriter, read_description, read_readings
 from vllm_triage.model import VLLM_SOURCE, Reading, SeriesKey
 
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")  # vLLM's, the process source's and the GPU source's counters

@@ -83,7 +83,7 @@ from vllm_triage.exposition import Exposition
 from vllm_triage.model import ProcessTargets
 from vllm_triage.pipeline import Pipeline
 from vllm_triage.registry import build_sources
-from vllm_triage.sources.prometheus import _LATEST_QUERY
+from vllm_triage.history.prometheus import _LATEST_QUERY
 from mixin.generate import reference_markdown
 
 config = load(env={"VLLM_TRIAGE_SOURCES": "vllm,toy", "VLLM_TRIAGE_TOY_INTERVAL_SECONDS": "10"}, flags={"toy_depth": "7"})

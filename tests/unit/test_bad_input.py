@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 from vllm_triage import daemon as daemon_module
-from vllm_triage.capture import CaptureError, read_readings
 from vllm_triage.cli import main
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import CaptureError, read_readings
 from vllm_triage.model import Reading
 from vllm_triage.options import ConfigError, redact_url
 from vllm_triage.server import PROBE_LANE_SECONDS

@@ -8,8 +8,8 @@ from hashlib import sha256
 from pathlib import Path
 
 from vllm_triage import bundle
-from vllm_triage.capture import read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import read_readings
 from vllm_triage.model import Reading, make_labels
 from vllm_triage.pipeline import Pipeline, replay
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.catalog import CATALOG, EXPORTED_PREFIX, SOURCE_NAMES, stale_after
 from vllm_triage.config_loader import load
 from vllm_triage.exposition import SnapshotCollector
+from vllm_triage.history.capture import demo_capture_path, read_readings
+from vllm_triage.history.prometheus import _LATEST_QUERY
 from vllm_triage.model import ProcessTargets
 from vllm_triage.registry import builder
-from vllm_triage.sources.prometheus import _LATEST_QUERY
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -11,9 +11,9 @@ import tarfile
 import time
 
 import pytest
-from vllm_triage.capture import CaptureWriter, demo_capture_path, read_description, read_readings
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
+from vllm_triage.history.capture import CaptureWriter, demo_capture_path, read_description, read_readings
 
 from harness.components import BIN, start_sidecar
 from harness.vllm_server import free_port
@@ -222,7 +222,7 @@ def test_history_from_prometheus_names_what_is_wrong(argv, said, capsys):
 
 
 def test_fleet_names_replicas_out_of_balance():
-    from vllm_triage.fleet import Server, imbalances
+    from vllm_triage.history.fleet import Server, imbalances
     from vllm_triage.model import Snapshot
     from vllm_triage.scope import AGGREGATE_SCOPE
 

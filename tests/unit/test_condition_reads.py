@@ -7,11 +7,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
 from vllm_triage.derive import GLOBAL_SIGNALS
 from vllm_triage.diagnosis import engine
 from vllm_triage.diagnosis.conditions import CONDITIONS
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.pipeline import replay
 from vllm_triage.signals.gpu import GPU_SIGNALS
 from vllm_triage.signals.host import GIL_SIGNALS, HOST_SIGNALS

@@ -9,9 +9,9 @@ import json
 import logging
 from pathlib import Path
 
-from vllm_triage.capture import read_readings
 from vllm_triage.config_loader import load
 from vllm_triage.envelope import Configuration, Envelope, Point, differences
+from vllm_triage.history.capture import read_readings
 from vllm_triage.model import Reading
 from vllm_triage.pipeline import Pipeline
 

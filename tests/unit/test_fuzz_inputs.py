@@ -16,9 +16,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm_triage.config_loader import load
+from vllm_triage.history.prometheus import HistoryLimits
 from vllm_triage.options import ConfigError
 from vllm_triage.sources.dcgm import DcgmSource
-from vllm_triage.sources.prometheus import HistoryLimits
 from vllm_triage.webconfig import load_web_config
 
 from harness.vllm_server import serving

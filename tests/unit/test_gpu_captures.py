@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from vllm_triage.capture import read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import read_readings
 from vllm_triage.pipeline import evaluate, replay
 from vllm_triage.scope import gpu_scope
 

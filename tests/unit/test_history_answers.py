@@ -8,7 +8,7 @@ import json
 
 import pytest
 from aiohttp import web
-from vllm_triage.sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory
+from vllm_triage.history.prometheus import HistoryError, HistoryLimits, PrometheusHistory
 
 from harness.vllm_server import serving
 
@@ -86,7 +86,7 @@ def test_odd_points_and_series_are_skipped_not_raised():
 
 def test_fleet_quotes_label_values_into_promql():
     """A pod or namespace label holding a quote or a backslash stays one PromQL string, not a spliced query."""
-    from vllm_triage.fleet import target_matchers
+    from vllm_triage.history.fleet import target_matchers
 
     assert target_matchers({"namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000"}) == 'namespace="llm",pod="vllm-0",instance="10.0.0.1:8000"'
     assert target_matchers({"pod": 'a",job=~".+'}) == 'pod="a\\",job=~\\".+"'
@@ -138,7 +138,7 @@ def test_one_deadline_holds_for_every_query_of_the_command():
 
 def list_said(body: bytes, max_bytes: int = 1024, limit: int = 50) -> str:
     """What fleet's server list says of a Prometheus whose instant query answers `body`."""
-    from vllm_triage.sources.prometheus import list_servers
+    from vllm_triage.history.prometheus import list_servers
 
     async def query(_: web.Request) -> web.StreamResponse:
         return web.Response(body=body, content_type="application/json")

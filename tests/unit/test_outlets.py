@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
 from vllm_triage.daemon import Daemon
 from vllm_triage.diagnosis.conditions import CONDITIONS
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.server import make_app
 
 from harness.components import get, start_sidecar

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from vllm_triage.capture import read_readings
 from vllm_triage.config_loader import load
 from vllm_triage.diagnosis.engine import Engine
 from vllm_triage.discovery import Discovery
 from vllm_triage.exposition import Exposition
+from vllm_triage.history.capture import read_readings
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, Reading
 from vllm_triage.pipeline import evaluate
 from vllm_triage.report import format_report

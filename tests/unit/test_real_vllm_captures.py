@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pytest
 from vllm_triage import catalog
-from vllm_triage.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.config import Config
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import demo_capture_path, read_description, read_readings
 from vllm_triage.model import VLLM_SOURCE
 from vllm_triage.pipeline import Pipeline, replay
 from vllm_triage.scope import HOST_SCOPE, engine_scope, gpu_scope

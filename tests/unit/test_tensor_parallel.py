@@ -9,8 +9,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_triage.capture import read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import read_readings
 from vllm_triage.model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, Labels, Reading, Snapshot, make_labels
 from vllm_triage.pipeline import replay
 from vllm_triage.scope import gpu_scope

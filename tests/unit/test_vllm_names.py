@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from vllm_triage import store
-from vllm_triage.capture import demo_capture_path, read_readings
 from vllm_triage.config_loader import load
+from vllm_triage.history.capture import demo_capture_path, read_readings
 from vllm_triage.pipeline import replay
 from vllm_triage.signals.vllm import OFFLOAD_BYTES, OFFLOAD_BYTES_BY_TYPE, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, VLLM_SAMPLES_READ
 from vllm_triage.sources.vllm import ScrapeError, parse_page

@@ -8,11 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Config
-from .model import Snapshot
-from .pipeline import replay
-from .scope import AGGREGATE_SCOPE
-from .sources.prometheus import HistoryError, HistoryLimits, PrometheusHistory, list_servers, parse_selector
+from ..config import Config
+from ..model import Snapshot
+from ..pipeline import replay
+from ..scope import AGGREGATE_SCOPE
+from .prometheus import HistoryError, HistoryLimits, PrometheusHistory, list_servers, parse_selector
 
 MAX_SERVERS = 50
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}

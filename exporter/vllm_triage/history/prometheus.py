@@ -24,9 +24,9 @@ from ..catalog import CATALOG, EXPORTED_PREFIX
 from ..model import GPU_SOURCE, HISTOGRAM_SUFFIXES, MAX_NUM_SEQS_READ, PROCESS_SOURCE, VLLM_SOURCE, GpuMeta, Reading, SeriesKey, VllmMeta, make_labels
 from ..options import redact_url
 from ..signals.vllm import VLLM_SAMPLES_READ
-from . import http_failure, read_bounded
-from .dcgm import dcgm_readings
-from .vllm import RENAMES, _canonical
+from ..sources import http_failure, read_bounded
+from ..sources.dcgm import dcgm_readings
+from ..sources.vllm import RENAMES, _canonical
 
 # Labels Prometheus and its service discovery add to a target's series: not vLLM's nor the sidecar's own.
 TARGET_LABELS = frozenset({"__name__", "job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster", "node", "prometheus"})
@@ -97,6 +97,18 @@ def _query(names_regex: str, matchers: str) -> str:
     return "{" + inner + "}"
 
 
+def _result(body: bytes, url: str, asked: str) -> Any:
+    """data.result of an answer of Prometheus' JSON API, or a HistoryError saying what came instead."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise HistoryError(f"Prometheus at {redact_url(url)} answered something that is not its JSON API") from None
+    if not isinstance(payload, dict) or payload.get("status") != "success":
+        said = payload.get("error") if isinstance(payload, dict) else payload
+        raise HistoryError(f"Prometheus at {redact_url(url)} refused {asked}: {str(said)[:300]}")
+    return payload.get("data", {}).get("result") if isinstance(payload.get("data"), dict) else None
+
+
 async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: float = 60.0, max_bytes: int = 8 * 2**20) -> list[dict[str, str]]:
     """The vLLM servers (namespace, pod, instance, model_name) the matchers pick at `at`, at most `limit`; the answer is
     read to `max_bytes` at most and checked for shape (a 300 MB list once took `fleet` to 2.95 GB)."""
@@ -111,14 +123,7 @@ async def list_servers(url: str, matchers: str, at: float, limit: int, timeout: 
         raise HistoryError(f"Prometheus' list of servers is over {max_bytes // 2**20} MiB: narrow --selector (a namespace, a model)")
     if _count_before_decoding(body)[0] > limit:
         raise HistoryError(f"over {limit} vLLM servers match: narrow --selector (a namespace, a model)")
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        raise HistoryError(f"Prometheus at {redact_url(url)} answered something that is not its JSON API") from None
-    if not isinstance(payload, dict) or payload.get("status") != "success":
-        said = payload.get("error") if isinstance(payload, dict) else payload
-        raise HistoryError(f"Prometheus at {redact_url(url)} refused {query}: {str(said)[:300]}")
-    result = payload.get("data", {}).get("result") if isinstance(payload.get("data"), dict) else None
+    result = _result(body, url, query)
     if not isinstance(result, list) or not all(isinstance(s, dict) and isinstance(s.get("metric"), dict) for s in result):
         raise HistoryError(f"Prometheus at {redact_url(url)} answered in a shape that is not a query's vector (data.result: series of metric)")
     found = [{str(k): str(v) for k, v in s["metric"].items()} for s in result]
@@ -234,14 +239,7 @@ class PrometheusHistory:
         if points > self._points_left:
             raise HistoryError(f"the history holds over {self.limits.max_points} points: use a larger --step or a shorter range")
         self._points_left -= points
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise HistoryError(f"Prometheus at {redact_url(self.url)} answered something that is not its JSON API") from None
-        if not isinstance(payload, dict) or payload.get("status") != "success":
-            said = payload.get("error") if isinstance(payload, dict) else payload
-            raise HistoryError(f"Prometheus at {redact_url(self.url)} refused the query {query[:200]}: {str(said)[:300]}")
-        result = payload.get("data", {}).get("result") if isinstance(payload.get("data"), dict) else None
+        result = _result(body, self.url, f"the query {query[:200]}")
         if not isinstance(result, list) or not all(
             isinstance(s, dict) and isinstance(s.get("metric"), dict) and isinstance(s.get("values"), list) for s in result
         ):

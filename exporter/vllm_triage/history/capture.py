@@ -15,9 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from .config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
-from .model import VLLM_SOURCE, Reading
-from .scope import scope_of
+from ..config import DEFAULT_MAX_ENGINES, DEFAULT_MAX_SERIES
+from ..model import VLLM_SOURCE, Reading
+from ..scope import scope_of
 
 log = logging.getLogger(__name__)
 
