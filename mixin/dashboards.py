@@ -1,4 +1,5 @@
-"""Grafana dashboards (classic JSON) generated from the condition table and the metric names.
+"""Grafana dashboards (classic JSON) generated from the condition table and the metric names, built with
+grafana-foundation-sdk's builders for Grafana 11.6's typed models.
 
 They work provisioned, loaded by the kube-prometheus-stack sidecar, or imported by hand:
 `__inputs: []`, a `datasource` variable, stable uids, `$__rate_interval` in every rate().
@@ -6,8 +7,18 @@ They work provisioned, loaded by the kube-prometheus-stack sidecar, or imported 
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, TypeAlias
 
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as builders
+from grafana_foundation_sdk.builders import prometheus, statetimeline
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import timeseries as timeseries_panel
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
 from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
 from vllm_triage.sources.vllm import spellings
 
@@ -16,7 +27,7 @@ from .rules import RUNBOOK_URL, SELECT, exported_reads, recording_rules
 # Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
 CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")
 
-DS = {"type": "prometheus", "uid": "$datasource"}
+DS = model.DataSourceRef(type_val="prometheus", uid="$datasource")
 # `cluster` matches series without the label too (".*" matches the empty value): one Prometheus or many.
 SIDECAR = 'cluster=~"$cluster",namespace=~"$namespace",pod=~"$pod"'
 VLLM = 'cluster=~"$cluster",namespace=~"$namespace",pod=~"$pod",model_name=~"$model",engine=~"$engine"'
@@ -50,34 +61,34 @@ def _quantile(q: float, histogram: str) -> str:
     return f"histogram_quantile({q}, sum by (le) (rate({_q(f'{histogram}_bucket')}[$__rate_interval])))"
 
 
+Panel: TypeAlias = Any  # a panel's builder (timeseries, stat, state timeline): each its own class, one shape
+
+
 class _Layout:
-    """Places panels on Grafana's 24-column grid, row by row."""
+    """Places rows and panels on Grafana's 24-column grid, row by row, in the order they are added."""
 
     def __init__(self) -> None:
-        self.panels: list[dict[str, Any]] = []
+        self.items: list[tuple[str, Builder[Any]]] = []
         self.y = 0
         self.x = 0
         self.next_id = 1
+        self._height = 8
 
     def row(self, title: str) -> None:
         self._newline()
-        self.panels.append(
-            {"type": "row", "title": title, "id": self._id(), "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []}
-        )
+        self.items.append(("row", builders.Row(title).id(self._id()).grid_pos(model.GridPos(h=1, w=24, x=0, y=self.y))))
         self.y += 1
 
-    def add(self, panel: dict[str, Any], width: int = 8, height: int = 8) -> None:
+    def add(self, panel: Panel, width: int = 8, height: int = 8) -> None:
         if self.x + width > 24:
             self._newline()
-        panel["id"] = self._id()
-        panel["gridPos"] = {"h": height, "w": width, "x": self.x, "y": self.y}
-        self.panels.append(panel)
+        self.items.append(("panel", panel.id(self._id()).grid_pos(model.GridPos(h=height, w=width, x=self.x, y=self.y))))
         self.x += width
         self._height = height
 
     def _newline(self) -> None:
         if self.x:
-            self.y += getattr(self, "_height", 8)
+            self.y += self._height
             self.x = 0
 
     def _id(self) -> int:
@@ -85,103 +96,105 @@ class _Layout:
         return self.next_id - 1
 
 
-def _targets(exprs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    return [{"datasource": DS, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)} for i, (expr, legend) in enumerate(exprs)]
-
-
-def _panel(kind: str, title: str, description: str, exprs: list[tuple[str, str]], defaults: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """The shape every panel shares: its type, words, queries, field defaults and options."""
-    return {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": _targets(exprs),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": options,
-    }
+def _panel(panel: Panel, title: str, description: str, exprs: list[tuple[str, str]]) -> Panel:
+    """What every panel shares: its words and its queries, on the dashboard's data source."""
+    panel.title(title).description(description).datasource(DS)
+    for i, (expr, legend) in enumerate(exprs):
+        panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(DS))
+    return panel
 
 
 def timeseries(
     title: str, exprs: list[tuple[str, str]], unit: str = "short", description: str = "", max_value: float | None = None, no_value: str = ""
-) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}}
+) -> Panel:
+    panel = timeseries_panel.Panel().unit(unit).line_width(1).fill_opacity(10).show_points(common.VisibilityMode.NEVER)
+    panel.legend(common_builders.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST).placement(common.LegendPlacement.BOTTOM))
+    panel.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.NONE))
     if no_value:
-        defaults["noValue"] = no_value  # what an empty panel means, instead of Grafana's "No data"
+        panel.no_value(no_value)  # what an empty panel means, instead of Grafana's "No data"
     if max_value is not None:
-        defaults["max"] = max_value
-        defaults["min"] = 0
-    return _panel("timeseries", title, description, exprs, defaults, {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}})
+        panel.max(max_value).min(0)
+    return _panel(panel, title, description, exprs)
 
 
-def stat(title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value") -> dict[str, Any]:
+def stat(title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value") -> Panel:
     """The newest value, big; `no_value` is what a person reads when the query has no series."""
-    link = {"title": "What it means and what to do", "url": CONDITIONS_URL + "#${__field.labels.condition}", "targetBlank": True}
-    defaults = {"unit": unit, "noValue": no_value, "color": {"mode": "fixed", "fixedColor": "text"}, "links": [link]}
-    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "textMode": text_mode, "colorMode": "value"}
-    return _panel("stat", title, description, [(expr, legend)], defaults, options)
+    link = builders.DashboardLink("What it means and what to do").url(CONDITIONS_URL + "#${__field.labels.condition}").target_blank(True)
+    panel = stat_panel.Panel().unit(unit).no_value(no_value).color_scheme(builders.FieldColor().mode(model.FieldColorModeId.FIXED).fixed_color("text"))
+    panel.data_links([link]).reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+    panel.text_mode(common.BigValueTextMode(text_mode)).color_mode(common.BigValueColorMode.VALUE)
+    return _panel(panel, title, description, [(expr, legend)])
 
 
-def state_timeline(title: str, expr: str, legend: str, description: str = "") -> dict[str, Any]:
-    defaults = {
-        "color": {"mode": "thresholds"},
-        "thresholds": {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": 1}]},
-        "mappings": [{"type": "value", "options": {"0": {"text": "inactive"}, "1": {"text": "active"}}}],
-    }
-    return _panel("state-timeline", title, description, [(expr, legend)], defaults, {"showValue": "never", "mergeValues": True, "rowHeight": 0.8})
+def state_timeline(title: str, expr: str, legend: str, description: str = "") -> Panel:
+    steps = [model.Threshold(color="transparent", value=None), model.Threshold(color="red", value=1)]
+    panel = statetimeline.Panel().color_scheme(builders.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
+    panel.thresholds(builders.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(steps))
+    panel.mappings([_value_texts({"0": "inactive", "1": "active"})])
+    panel.show_value(common.VisibilityMode.NEVER).merge_values(True).row_height(0.8)
+    # Grafana's own defaults, which the builder would otherwise set otherwise (no legend, tooltips sorted)
+    panel.legend(common_builders.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST).placement(common.LegendPlacement.BOTTOM))
+    panel.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.SINGLE).sort(common.SortOrder.NONE))
+    return _panel(panel, title, description, [(expr, legend)])
+
+
+def _value_texts(texts: dict[str, str]) -> model.ValueMap:
+    return model.ValueMap(options={value: model.ValueMappingResult(text=text) for value, text in texts.items()})
 
 
 def _threshold(condition: str, name: str) -> tuple[str, str]:
     return (f'max(vllm_triage_condition_threshold{{{SIDECAR},condition="{condition}",threshold="{name}"}})', f"threshold {condition}.{name}")
 
 
-def _variables() -> dict[str, Any]:
-    def query(name: str, label: str, expr: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "label": label,
-            "type": "query",
-            "datasource": DS,
-            "query": {"query": expr, "refId": name},
-            "refresh": 2,
-            "includeAll": True,
-            "multi": True,
-            "allValue": ".*",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "sort": 1,
-        }
+def _variables() -> list[Builder[model.VariableModel]]:
+    def query(name: str, label: str, expr: str) -> Builder[model.VariableModel]:
+        current = model.VariableOption(selected=True, text=["All"], value=["$__all"])
+        return (
+            builders.QueryVariable(name)
+            .label(label)
+            .datasource(DS)
+            .query({"query": expr, "refId": name})
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .include_all(True)
+            .multi(True)
+            .all_value(".*")
+            .current(current)
+            .sort(model.VariableSort.ALPHABETICAL_ASC)
+        )
 
-    return {
-        "list": [
-            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
-            query("cluster", "Cluster", "label_values(vllm_triage_build_info, cluster)"),
-            query("namespace", "Namespace", 'label_values(vllm_triage_build_info{cluster=~"$cluster"}, namespace)'),
-            query("pod", "Pod", 'label_values(vllm_triage_build_info{cluster=~"$cluster",namespace=~"$namespace"}, pod)'),
-            query("model", "Model", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, model_name)"),
-            query("engine", "Engine", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, engine)"),
-        ]
-    }
+    return [
+        builders.DatasourceVariable("datasource").label("Data source").type("prometheus").hide(model.VariableHide.DONT_HIDE),
+        query("cluster", "Cluster", "label_values(vllm_triage_build_info, cluster)"),
+        query("namespace", "Namespace", 'label_values(vllm_triage_build_info{cluster=~"$cluster"}, namespace)'),
+        query("pod", "Pod", 'label_values(vllm_triage_build_info{cluster=~"$cluster",namespace=~"$namespace"}, pod)'),
+        query("model", "Model", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, model_name)"),
+        query("engine", "Engine", f"label_values({SELECT.vllm('vllm:num_requests_running', SIDECAR)}, engine)"),
+    ]
 
 
 def _dashboard(uid: str, title: str, layout: _Layout, description: str) -> dict[str, Any]:
-    return {
-        "__inputs": [],
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["vllm", "vllm-triage"],
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "graphTooltip": 1,  # shared crosshair: the layers line up on one time axis
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "30s",
-        "templating": _variables(),
-        "annotations": {"list": []},
-        # from one dashboard to the next, the cluster, namespace, pod, model and time range stay selected
-        "links": [{"title": "vLLM triage", "type": "dashboards", "tags": ["vllm-triage"], "asDropdown": True, "includeVars": True, "keepTime": True}],
-        "panels": layout.panels,
-    }
+    # from one dashboard to the next, the cluster, namespace, pod, model and time range stay selected
+    link = builders.DashboardLink("vLLM triage").type(model.DashboardLinkType.DASHBOARDS).tags(["vllm-triage"]).as_dropdown(True)
+    board = (
+        builders.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["vllm", "vllm-triage"])
+        .version(1)
+        .editable()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)  # shared crosshair: the layers line up on one time axis
+        .timezone("")  # the viewer's own preference, not the builder's "browser"
+        .time("now-1h", "now")
+        .refresh("30s")
+        .links([link.include_vars(True).keep_time(True)])
+        .annotations([])
+    )
+    for variable in _variables():
+        board.with_variable(variable)
+    for kind, item in layout.items:
+        board.with_row(item) if kind == "row" else board.with_panel(item)
+    built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return {"__inputs": [], **built}
 
 
 NO_MFU = "start vLLM with --enable-mfu-metrics for its FLOPs and bytes estimates (GPM's tensor and DRAM activity need a Hopper-class GPU)"
@@ -230,7 +243,7 @@ def overview() -> dict[str, Any]:
         "no sidecar",
         unit="s",
     )
-    starting["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {"0": {"text": "not starting"}}}]
+    starting.mappings([_value_texts({"0": "not starting"})])
     lay.add(starting)
     lay.row("Efficiency: how far from the GPU's ceiling (vLLM's --enable-mfu-metrics over the GPU's peaks, beside what GPM measured)")
     lay.add(
@@ -563,12 +576,12 @@ def conditions() -> dict[str, Any]:
             panel = timeseries(f"{cid} ({condition.severity})", exprs, unit=unit_of(exprs[0][0]), description=condition.meaning)
             # the 0/1 state on its own axis, so that it neither squashes nor borrows the signals' unit
             active = [
-                {"id": "unit", "value": "bool_on_off"},
-                {"id": "custom.axisPlacement", "value": "right"},
-                {"id": "max", "value": 1},
-                {"id": "min", "value": 0},
+                model.DynamicConfigValue(id_val="unit", value="bool_on_off"),
+                model.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+                model.DynamicConfigValue(id_val="max", value=1),
+                model.DynamicConfigValue(id_val="min", value=0),
             ]
-            panel["fieldConfig"]["overrides"].append({"matcher": {"id": "byName", "options": "active"}, "properties": active})
+            panel.with_override(model.MatcherConfig(id_val="byName", options="active"), active)
             lay.add(panel)
     return _dashboard(
         "vllm-triage-conditions",
