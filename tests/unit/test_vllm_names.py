@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
-from vllm_triage import store
+from vllm_triage import derive, store
 from vllm_triage.config_loader import load
 from vllm_triage.history.capture import demo_capture_path, read_readings
+from vllm_triage.model import HISTOGRAM_SUFFIXES
 from vllm_triage.pipeline import replay
-from vllm_triage.signals.vllm import OFFLOAD_BYTES, OFFLOAD_BYTES_BY_TYPE, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, VLLM_SAMPLES_READ
+from vllm_triage.signals.vllm import OFFLOAD_BYTES, OFFLOAD_BYTES_BY_TYPE, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, VLLM_SAMPLES_READ, VLLM_SIGNALS
+from vllm_triage.signals.window import WindowView
 from vllm_triage.sources.vllm import ScrapeError, parse_page
 
 from .pages import TTFT_BOUNDS, Counters, page
@@ -158,21 +161,57 @@ def test_label_values_over_the_limit_are_refused():
     assert "dropped" not in facts
 
 
-def test_the_samples_declared_read_are_all_the_signals_read(monkeypatch):
-    """The source parses only VLLM_SAMPLES_READ: replaying the real H200 captures (recorded with every
-    sample) through every signal and condition must not read a vLLM sample outside it."""
+def test_each_vllm_signal_reads_only_the_samples_it_declares(monkeypatch):
+    """The source parses only VLLM_SAMPLES_READ, which the signals' declarations make: replaying real H200 captures
+    (recorded with every sample: serving, a hung kernel, the MFU estimates, KV offloading) through every signal and
+    condition, each vLLM signal reads no sample it did not declare, and nothing else of the pipeline reads a vLLM
+    sample outside the set."""
+    current: list[str] = []  # the signal being computed
+    by_signal: dict[str, set[str]] = {}
     read: set[str] = set()
-    series = store.Frame.series
 
-    def recording(self, name, scope):
-        read.add(name)
-        return series(self, name, scope)
+    def note(*samples: str) -> None:
+        read.update(samples)
+        if current:
+            by_signal.setdefault(current[-1], set()).update(samples)
 
-    monkeypatch.setattr(store.Frame, "series", recording)
-    for capture in (demo_capture_path(), FIXTURES / "real-vllm-h200-gpu_heavy.jsonl.gz"):
+    def recording(method, samples_of=lambda name: (name,)):
+        def wrapped(self, name, scope, *args, **kwargs):
+            note(*samples_of(name))
+            return method(self, name, scope, *args, **kwargs)
+
+        return wrapped
+
+    # at the views' entry points too: a second signal asking for what a first one read is answered from a cache
+    for method in ("gauge_points", "increase", "step_increases", "latest_labels"):
+        monkeypatch.setattr(WindowView, method, recording(getattr(WindowView, method)))
+    monkeypatch.setattr(WindowView, "histogram", recording(WindowView.histogram, lambda name: [name + suffix for suffix in HISTOGRAM_SUFFIXES]))
+    monkeypatch.setattr(store.Frame, "series", recording(store.Frame.series))
+
+    def computing(signal):
+        def compute(ctx):
+            current.append(signal.id)
+            try:
+                return signal.compute(ctx)
+            finally:
+                current.pop()
+
+        return dataclasses.replace(signal, compute=compute)
+
+    compute_signals = derive.compute_signals
+    monkeypatch.setattr(derive, "compute_signals", lambda view, scope, facts, table: compute_signals(view, scope, facts, tuple(map(computing, table))))
+    for capture in (
+        demo_capture_path(),
+        *(FIXTURES / f"real-vllm-h200-{name}.jsonl.gz" for name in ("gpu_heavy", "hung_kernel", "efficiency_wedge", "kv_offload")),
+    ):
         replay(list(read_readings(capture)), load(env={}), lambda snapshot: None)
+    declared = {signal.id: set(signal.samples) for signal in VLLM_SIGNALS}
+    undeclared = {signal: sorted(samples - declared[signal]) for signal, samples in by_signal.items() if signal in declared and samples - declared[signal]}
+    assert not undeclared, undeclared
     vllm_read = {name for name in read if name.startswith("vllm:")}
-    assert vllm_read and vllm_read <= VLLM_SAMPLES_READ, sorted(vllm_read - VLLM_SAMPLES_READ)
+    assert len(vllm_read) > 30 and vllm_read <= VLLM_SAMPLES_READ, sorted(vllm_read - VLLM_SAMPLES_READ)
+    # the captures exercise most declarations: a declaration nothing reads is one no replay can check
+    assert len({signal for signal in by_signal if signal in declared}) > 0.8 * len([s for s in VLLM_SIGNALS if s.samples])
 
 
 @pytest.mark.parametrize("capture", REAL_PAGES)

@@ -8,7 +8,14 @@ import math
 from collections.abc import Callable
 
 from ..model import HISTOGRAM_SUFFIXES, Labels
-from .window import SignalContext, SignalDef, label_value, safe_ratio
+from .window import SignalContext, SignalDef, label_value, reads, safe_ratio
+
+CACHE_CONFIG = "vllm:cache_config_info"
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+
+
+def _histogram(name: str) -> tuple[str, ...]:
+    return tuple(name + suffix for suffix in HISTOGRAM_SUFFIXES)
 
 
 def _gauge_stat(metric: str, stat: str, combine: Callable[[list[float]], float] = sum) -> Callable[[SignalContext], float | None]:
@@ -20,11 +27,11 @@ def _gauge_stat(metric: str, stat: str, combine: Callable[[list[float]], float] 
             return sum(points) / len(points)
         return min(points) if stat == "min" else max(points)
 
-    return compute
+    return reads(metric)(compute)
 
 
 def _rate(metric: str, where: Callable[[Labels], bool] | None = None) -> Callable[[SignalContext], float | None]:
-    return lambda ctx: ctx.view.rate(metric, ctx.scope, where)
+    return reads(metric)(lambda ctx: ctx.view.rate(metric, ctx.scope, where))
 
 
 def _quantile(metric: str, q: float) -> Callable[[SignalContext], float | None]:
@@ -32,7 +39,7 @@ def _quantile(metric: str, q: float) -> Callable[[SignalContext], float | None]:
         hist = ctx.view.histogram(metric, ctx.scope)
         return hist.quantile(q) if hist else None
 
-    return compute
+    return reads(*_histogram(metric))(compute)
 
 
 def _hist_mean(metric: str) -> Callable[[SignalContext], float | None]:
@@ -40,7 +47,7 @@ def _hist_mean(metric: str) -> Callable[[SignalContext], float | None]:
         hist = ctx.view.histogram(metric, ctx.scope)
         return hist.mean() if hist else None
 
-    return compute
+    return reads(*_histogram(metric))(compute)
 
 
 def _observations(metric: str) -> Callable[[SignalContext], float | None]:
@@ -48,13 +55,14 @@ def _observations(metric: str) -> Callable[[SignalContext], float | None]:
         hist = ctx.view.histogram(metric, ctx.scope)
         return hist.count if hist else None
 
-    return compute
+    return reads(*_histogram(metric))(compute)
 
 
 def _is_error(labels: Labels) -> bool:
     return label_value(labels, "finished_reason") == "error"
 
 
+@reads("vllm:request_success_total")
 def _error_ratio(ctx: SignalContext) -> float | None:
     errors = ctx.view.increase("vllm:request_success_total", ctx.scope, _is_error)
     finished = ctx.view.increase("vllm:request_success_total", ctx.scope)
@@ -63,6 +71,7 @@ def _error_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(errors or 0.0, finished) if finished > 0 else 0.0
 
 
+@reads("vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum")
 def _prefill_share(ctx: SignalContext) -> float | None:
     prefill = ctx.view.increase("vllm:request_prefill_time_seconds_sum", ctx.scope)
     decode = ctx.view.increase("vllm:request_decode_time_seconds_sum", ctx.scope)
@@ -71,6 +80,7 @@ def _prefill_share(ctx: SignalContext) -> float | None:
     return safe_ratio(prefill, prefill + decode)
 
 
+@reads("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 def _prefix_hit_ratio(ctx: SignalContext) -> float | None:
     return safe_ratio(
         ctx.view.increase("vllm:prefix_cache_hits_total", ctx.scope),
@@ -78,6 +88,7 @@ def _prefix_hit_ratio(ctx: SignalContext) -> float | None:
     )
 
 
+@reads("vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total")
 def _prompt_tokens_cached_ratio(ctx: SignalContext) -> float | None:
     """Share of prompt tokens served from a cache (local prefix cache and external KV connectors), where
     vLLM counts them (vllm:prompt_tokens_cached_total, since ~0.11)."""
@@ -98,18 +109,19 @@ def _prompt_share(source: str) -> Callable[[SignalContext], float | None]:
             ctx.view.increase("vllm:prompt_tokens_by_source_total", ctx.scope, of), ctx.view.increase("vllm:prompt_tokens_by_source_total", ctx.scope)
         )
 
-    return compute
+    return reads("vllm:prompt_tokens_by_source_total")(compute)
 
 
 def _hit_ratio(hits: str, queries: str) -> Callable[[SignalContext], float | None]:
-    return lambda ctx: safe_ratio(ctx.view.increase(hits, ctx.scope), ctx.view.increase(queries, ctx.scope))
+    return reads(hits, queries)(lambda ctx: safe_ratio(ctx.view.increase(hits, ctx.scope), ctx.view.increase(queries, ctx.scope)))
 
 
+@reads(WAITING)
 def _waiting_nonempty_ratio(ctx: SignalContext) -> float | None:
     """Share of the window's readings in which requests waited. Under KV thrash vLLM's gauges collapse to 0 at
     single scrapes while the queue stays long: a queue is non-empty for a share of the window, not at every
     reading (its minimum says nothing then)."""
-    points = ctx.view.gauge_points("vllm:num_requests_waiting", ctx.scope)
+    points = ctx.view.gauge_points(WAITING, ctx.scope)
     return sum(1 for p in points if p > 0) / len(points) if points else None
 
 
@@ -124,7 +136,7 @@ def _waiting_for(reason: str) -> Callable[[SignalContext], float | None]:
         ]
         return sum(points) / len(points) if points else None
 
-    return compute
+    return reads("vllm:num_requests_waiting_by_reason")(compute)
 
 
 SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED = (
@@ -134,16 +146,19 @@ SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED = (
 )
 
 
+@reads(SPEC_ACCEPTED, SPEC_DRAFT_TOKENS)
 def _spec_acceptance(ctx: SignalContext) -> float | None:
     return safe_ratio(ctx.view.increase(SPEC_ACCEPTED, ctx.scope), ctx.view.increase(SPEC_DRAFT_TOKENS, ctx.scope))
 
 
+@reads(SPEC_ACCEPTED, SPEC_DRAFTS)
 def _spec_tokens_per_draft(ctx: SignalContext) -> float | None:
     """Tokens each verification step yields: the accepted draft tokens plus the one the target model adds."""
     accepted = safe_ratio(ctx.view.increase(SPEC_ACCEPTED, ctx.scope), ctx.view.increase(SPEC_DRAFTS, ctx.scope))
     return None if accepted is None else 1.0 + accepted
 
 
+@reads("vllm:num_preemptions_total", "vllm:request_success_total")
 def _preempted_per_finished(ctx: SignalContext) -> float | None:
     # Counted against at least one request: preemptions while nothing finishes is a storm too.
     preemptions = ctx.view.increase("vllm:num_preemptions_total", ctx.scope)
@@ -154,7 +169,7 @@ def _preempted_per_finished(ctx: SignalContext) -> float | None:
 
 
 def _cache_config(ctx: SignalContext) -> dict[str, str] | None:
-    return ctx.view.latest_labels("vllm:cache_config_info", ctx.scope)
+    return ctx.view.latest_labels(CACHE_CONFIG, ctx.scope)
 
 
 def _int_label(labels: dict[str, str] | None, key: str) -> float | None:
@@ -166,10 +181,12 @@ def _int_label(labels: dict[str, str] | None, key: str) -> float | None:
         return None
 
 
+@reads(CACHE_CONFIG)
 def _block_size(ctx: SignalContext) -> float | None:
     return _int_label(_cache_config(ctx), "block_size")
 
 
+@reads(CACHE_CONFIG)
 def _kv_capacity_tokens(ctx: SignalContext) -> float | None:
     labels = _cache_config(ctx)
     tokens = _int_label(labels, "kv_cache_size_tokens")
@@ -180,6 +197,7 @@ def _kv_capacity_tokens(ctx: SignalContext) -> float | None:
     return blocks * size if blocks is not None and size is not None else None
 
 
+@reads(CACHE_CONFIG)
 def _one_block_below_full(ctx: SignalContext) -> float | None:
     """KV usage with one block free: usage moves in steps of one block (of num_gpu_blocks - 1 usable:
     vLLM keeps one null block), so a saturated small cache may never be sampled at exactly 1.0."""
@@ -199,7 +217,7 @@ def _latest_total(metric: str, where: Callable[[Labels], bool] | None = None) ->
                 return sum(values)
         return None
 
-    return compute
+    return reads(metric)(compute)
 
 
 # KV offloading (vLLM's OffloadingConnector: --kv-offloading-size, or --kv-transfer-config): bytes moved each way between
@@ -225,18 +243,20 @@ def _offload_rate(direction: str) -> Callable[[SignalContext], float | None]:
         rate = ctx.view.rate(OFFLOAD_BYTES[direction], ctx.scope)
         return rate if rate is not None else ctx.view.rate(OFFLOAD_BYTES_BY_TYPE, ctx.scope, _BY_TYPE[direction])
 
-    return compute
+    return reads(OFFLOAD_BYTES[direction], OFFLOAD_BYTES_BY_TYPE)(compute)
 
 
 _LOADS_TODAY, _LOADS_DEPRECATED = _latest_total(OFFLOAD_BYTES["load"]), _latest_total(OFFLOAD_BYTES_BY_TYPE, _BY_TYPE["load"])
 
 
+@reads(OFFLOAD_BYTES["load"], OFFLOAD_BYTES_BY_TYPE)
 def _offload_loads_since_start(ctx: SignalContext) -> float | None:
     """Bytes loaded back from the offload tier since vLLM started (the counter's newest value)."""
     today = _LOADS_TODAY(ctx)
     return today if today is not None else _LOADS_DEPRECATED(ctx)
 
 
+@reads(CACHE_CONFIG)
 def _kv_offload_gib(ctx: SignalContext) -> float | None:
     """The KV offloading size vLLM was started with (--kv-offloading-size, GiB; cache_config_info): 0 when off."""
     labels = _cache_config(ctx)
@@ -245,6 +265,7 @@ def _kv_offload_gib(ctx: SignalContext) -> float | None:
     return _float_label(labels, "kv_offloading_size") or 0.0
 
 
+@reads(CACHE_CONFIG)
 def _prefix_caching_enabled(ctx: SignalContext) -> float | None:
     labels = _cache_config(ctx)
     if not labels or "enable_prefix_caching" not in labels:
@@ -256,6 +277,7 @@ def _max_num_seqs(ctx: SignalContext) -> float | None:
     return float(ctx.facts.max_num_seqs) if ctx.facts.max_num_seqs else None
 
 
+@reads(*_histogram("vllm:iteration_tokens_total"))
 def _steps_per_second(ctx: SignalContext) -> float | None:
     """Engine steps per second: each step observes vllm:iteration_tokens_total once. A counter does not collapse
     between scrapes as the gauges do, and stands still only when the engine does not step."""
@@ -299,15 +321,18 @@ def _float_label(labels: dict[str, str] | None, key: str) -> float | None:
         return None
 
 
+@reads(CACHE_CONFIG)
 def _gpu_memory_utilization(ctx: SignalContext) -> float | None:
     return _float_label(_cache_config(ctx), "gpu_memory_utilization")
 
 
+@reads(CACHE_CONFIG)
 def _kv_bytes_per_token(ctx: SignalContext) -> float | None:
     labels = _cache_config(ctx)
     return safe_ratio(_float_label(labels, "kv_cache_memory_bytes"), _float_label(labels, "kv_cache_size_tokens"))
 
 
+@reads(CACHE_CONFIG)
 def _requests_that_fit(ctx: SignalContext) -> float | None:
     """Requests of the observed mean length (prompt + output, from the finished ones) whose KV blocks fit in
     the cache at once: usable blocks / blocks per request (by tokens where the block count is unknown)."""
@@ -355,6 +380,7 @@ def _token_steps(ctx: SignalContext) -> list[bool] | None:
     return [any(s[i] > 0 for s in known) for i in range(len(ctx.view.frames) - 1)]
 
 
+@reads(*TOKEN_COUNTERS)
 def _seconds_since_last_token(ctx: SignalContext) -> float | None:
     """From the newest reading back to the last one that saw the token counters rise; the window's span
     when none did in it (at least that long)."""
@@ -368,7 +394,7 @@ def _seconds_since_last_token(ctx: SignalContext) -> float | None:
 
 def _pending(ctx: SignalContext, index: int) -> float:
     frame = ctx.view.frames[index]
-    return sum(s.value for name in ("vllm:num_requests_running", "vllm:num_requests_waiting") for s in frame.series(name, ctx.scope))
+    return sum(s.value for name in (RUNNING, WAITING) for s in frame.series(name, ctx.scope))
 
 
 def _stall(ctx: SignalContext) -> tuple[float, float] | None:
@@ -406,17 +432,24 @@ def _stall(ctx: SignalContext) -> tuple[float, float] | None:
     return (0.0, 0.0) if stuck_at is None else (frames[-1].timestamp - frames[stuck_at].timestamp, stuck)
 
 
+@reads(RUNNING, WAITING)
 def _requests_pending_latest(ctx: SignalContext) -> float | None:
     """Running plus waiting in the newest reading: frozen at their last values while the engine core is hung (it sends
     no new counts), what it counts again once it runs."""
     return _pending(ctx, len(ctx.view.frames) - 1) if ctx.view.frames else None
 
 
+# What _stall reads: tokens, preemptions, engine steps and finishes step by step, and the requests pending.
+_STALL_READS = (*TOKEN_COUNTERS, "vllm:num_preemptions_total", "vllm:iteration_tokens_total_count", "vllm:request_success_total", RUNNING, WAITING)
+
+
+@reads(*_STALL_READS)
 def _seconds_stalled(ctx: SignalContext) -> float | None:
     stall = ctx.view.once(("stall", ctx.scope), lambda: _stall(ctx))
     return None if stall is None else stall[0]
 
 
+@reads(*_STALL_READS)
 def _requests_stalled(ctx: SignalContext) -> float | None:
     stall = ctx.view.once(("stall", ctx.scope), lambda: _stall(ctx))
     return None if stall is None else stall[1]
@@ -436,7 +469,7 @@ def _estimated(metrics: tuple[str, ...]) -> Callable[[SignalContext], float | No
         rates = [ctx.view.rate(metric, ctx.scope) for metric in metrics]
         return None if None in rates else sum(r for r in rates if r is not None)
 
-    return compute
+    return reads(*metrics)(compute)
 
 
 def _model_flops_utilization(ctx: SignalContext) -> float | None:
@@ -510,8 +543,8 @@ def _quantiles(metric: str, family: str, what: str, qs: tuple[float, ...]) -> li
 
 
 VLLM_SIGNALS: tuple[SignalDef, ...] = (
-    *_stats("vllm:num_requests_running", "requests_running", "Requests running"),
-    *_stats("vllm:num_requests_waiting", "requests_waiting", "Requests waiting"),
+    *_stats(RUNNING, "requests_running", "Requests running"),
+    *_stats(WAITING, "requests_waiting", "Requests waiting"),
     *_stats("vllm:kv_cache_usage_perc", "kv_cache_usage_ratio", "KV cache usage (0..1)", max),
     SignalDef(
         "requests_waiting_nonempty_ratio",
@@ -844,48 +877,7 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
 )
 
 
-def _histogram(name: str) -> tuple[str, ...]:
-    return tuple(name + suffix for suffix in HISTOGRAM_SUFFIXES)
-
-
-# The vLLM samples (today's names) that VLLM_SIGNALS and the vLLM source's facts read: the source parses
-# only these (a real page's other ~half is skipped before the parser). Checked against what replaying the
-# real captures reads (tests/unit/test_vllm_names.py): a sample a signal reads is never skipped.
-VLLM_SAMPLES_READ: frozenset[str] = frozenset(
-    (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_swapped",  # v0's only: the engine generation
-        "vllm:kv_cache_usage_perc",
-        "vllm:cache_config_info",
-        "vllm:num_preemptions_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:request_success_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:request_decode_time_seconds_sum",
-        "vllm:prompt_tokens_cached_total",
-        "vllm:prompt_tokens_by_source_total",
-        "vllm:external_prefix_cache_hits_total",
-        "vllm:external_prefix_cache_queries_total",
-        "vllm:mm_cache_hits_total",
-        "vllm:mm_cache_queries_total",
-        *OFFLOAD_BYTES.values(),
-        OFFLOAD_BYTES_BY_TYPE,
-        SPEC_DRAFTS,
-        SPEC_DRAFT_TOKENS,
-        SPEC_ACCEPTED,
-        "vllm:num_requests_waiting_by_reason",
-        FLOPS,
-        *BYTES,
-        *_histogram("vllm:time_to_first_token_seconds"),
-        *_histogram("vllm:inter_token_latency_seconds"),
-        *_histogram("vllm:request_queue_time_seconds"),
-        *_histogram("vllm:request_prefill_time_seconds"),
-        *_histogram("vllm:e2e_request_latency_seconds"),
-        *_histogram("vllm:request_prompt_tokens"),
-        *_histogram("vllm:request_generation_tokens"),
-        *_histogram("vllm:iteration_tokens_total"),
-    )
-)
+# The vLLM samples (today's names) that the vLLM source parses: what VLLM_SIGNALS declare they read, and the one the
+# source reads itself to tell vLLM's v0 engine (a real page's other ~half is skipped before the parser). Its consumers
+# beside the signals (the envelope's cache config, a bundle's load shape, the incident page's plots) read no other.
+VLLM_SAMPLES_READ: frozenset[str] = frozenset((*(sample for signal in VLLM_SIGNALS for sample in signal.samples), "vllm:num_requests_swapped"))

@@ -325,13 +325,35 @@ def _gauge_point(frame: Frame, name: str, scope: Scope, combine: Callable[[list[
     return combine(values) if values else None
 
 
+Compute = Callable[["SignalContext"], "float | None"]
+_C = TypeVar("_C", bound=Compute)
+
+
+def reads(*samples: str) -> Callable[[_C], _C]:
+    """Declares the samples (today's names; a histogram's with its suffixes) a signal's computation reads from the
+    window, on the function itself: a source that parses only what its signals read (the vLLM source) derives that
+    from its table (SignalDef.samples), and a test replays real captures to check that no signal reads more."""
+
+    def declare(compute: _C) -> _C:
+        vars(compute)["samples"] = samples  # kept on the function: a wrapper would cost a call per signal and tick
+        return compute
+
+    return declare
+
+
 @dataclass(frozen=True)
 class SignalDef:
     id: str
     family: str  # exported as <its table's prefix><family> (exposition.SIGNAL_TABLES)
     help: str
-    compute: Callable[[SignalContext], float | None]
+    compute: Compute
     extra_labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def samples(self) -> tuple[str, ...]:
+        """The window samples its computation declared it reads (`reads`); none when it reads only facts and
+        signals computed before it."""
+        return tuple(vars(self.compute).get("samples", ()))
 
 
 @dataclass(frozen=True)
