@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -28,7 +28,7 @@ from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .history.capture import demo_capture_path, read_readings
-from .model import GIL_SOURCE, PROCESS_SOURCE, ProcessEntry, ProcessTargets, Reading, Snapshot
+from .model import GIL_SOURCE, PROCESS_SOURCE, SIDECAR_AT_START, ProcessEntry, ProcessTargets, Reading, Snapshot
 from .options import ConfigError
 from .pipeline import Pipeline
 from .registry import build_sources, every, start_sources
@@ -86,7 +86,7 @@ class Daemon:
         self.targets = ProcessTargets()  # vLLM's processes as the process source last listed them
         self.exposition = Exposition(config.conditions, config.tick_seconds)
         self.snapshot: Snapshot | None = None
-        self.evaluation_error: str | None = None  # the last tick's error, None when it succeeded
+        self.sidecar = SIDECAR_AT_START  # what the next snapshot carries of the sidecar itself (failures, the last reload)
         self._stop = asyncio.Event()
         # The store, the engine and the exposition are touched by this one thread only: ingest and
         # tick take it in turn, so no locks, and the event loop stays free to answer /metrics while a
@@ -152,8 +152,16 @@ class Daemon:
     def engine_liveness_endpoint(self) -> bool:
         return self.config.engine_liveness_endpoint
 
+    @property
+    def evaluation_error(self) -> str | None:
+        return self.sidecar.evaluation_error
+
     def tick(self) -> Snapshot:
-        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck(), self.stack_dumps)
+        sidecar = replace(self.sidecar, evaluation_error=None)  # carried only if this evaluation succeeds
+        snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck(), self.stack_dumps, sidecar)
+        if self.sidecar.evaluation_error is not None:
+            log.info("evaluation recovered")
+        self.sidecar = sidecar
         CPU.run("render", self.exposition.update, snapshot, time.monotonic())
         if self.snapshot is None:
             log.info("first evaluation done: ready")
@@ -161,6 +169,14 @@ class Daemon:
         self.snapshot = snapshot
         self.history.append(snapshot)
         return snapshot
+
+    def _sidecar_changed(self, **changes: object) -> None:
+        """The sidecar's state changed between evaluations: the snapshot served carries it now (a new value, the last
+        good one's verdicts and signals), and the next evaluation carries it on."""
+        self.sidecar = replace(self.sidecar, **changes)  # type: ignore[arg-type]
+        if self.snapshot is not None:
+            self.snapshot = replace(self.snapshot, sidecar=self.sidecar)
+        self.exposition.update(self.snapshot)
 
     @staticmethod
     def _log_transitions(before: Snapshot | None, after: Snapshot) -> None:
@@ -183,14 +199,15 @@ class Daemon:
             config = await asyncio.to_thread(self.watch.load)
         except ConfigError as error:
             log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
-            self.exposition.config_reloaded(successful=False)
+            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=False))
             return
         if config.web_config_file != self.config.web_config_file:
             # The listener's TLS and users come from the file named at start; another file needs a restart.
             log.error("config file %s changed web_config_file: that needs a restart; the running configuration is kept", self.watch.path)
-            self.exposition.config_reloaded(successful=False)
+            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=False))
             return
-        self.exposition.config_reloaded(successful=True)
+        if not self.sidecar.config_reload_successful:
+            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=True))
         if config != self.config:
             log.warning("config file %s changed: continuing with it (vLLM is not touched; the windows are kept)", self.watch.path)
             self.reloaded = config
@@ -212,14 +229,9 @@ class Daemon:
             # A tick that fails must show: /readyz turns 503 with the error, the failure counter rises,
             # and /metrics keeps the last good snapshot (its evaluation timestamp stops moving).
             message = f"{type(error).__name__}: {error}"
-            if message != self.evaluation_error:
+            if message != self.sidecar.evaluation_error:
                 log.exception("evaluation failed (the last good snapshot is served)")
-            self.evaluation_error = message
-            self.exposition.evaluation_failed(self.snapshot)
-        else:
-            if self.evaluation_error is not None:
-                log.info("evaluation recovered")
-            self.evaluation_error = None
+            self._sidecar_changed(evaluation_failures=self.sidecar.evaluation_failures + 1, evaluation_error=message)
 
     async def _tick(self) -> None:
         await self._in_pipeline(self._tick_if_fed)
@@ -352,6 +364,7 @@ class Daemon:
         """Continue from the daemon a reload replaces: its readings of the sources still on (the windows
         stay full), each verdict's state and its last snapshot, served until this one's first evaluation."""
         self._watched = before._watched  # the content this config came from: a newer change is still seen
+        self.sidecar = before.sidecar  # the failures counted so far: a counter does not restart with the config
         if not self.config.demo and not before.config.demo:
             self.pipeline.store.take_history(before.pipeline.store, self.config.sources)
             if PROCESS_SOURCE in self.config.sources:

@@ -36,17 +36,16 @@ class SnapshotCollector(Collector):
     def __init__(self, settings: dict[str, ConditionSettings]) -> None:
         self.settings = settings
         self.snapshot: Snapshot | None = None
-        self.evaluation_failures = 0
-        self.config_reload_successful = True
 
     def collect(self) -> Iterator[Metric]:
         build = GaugeMetricFamily(f"{PREFIX}_build_info", "vllm-triage build information.", labels=["version", "python_version"])
         build.add_metric([__version__, platform.python_version()], 1)
         yield build
+        snapshot = self.snapshot
         reload = GaugeMetricFamily(
             f"{PREFIX}_config_last_reload_successful", "0 when the config file changed into an invalid one (the running configuration is kept; see the log)."
         )
-        reload.add_metric([], 1.0 if self.config_reload_successful else 0.0)
+        reload.add_metric([], 1.0 if snapshot is None or snapshot.sidecar.config_reload_successful else 0.0)
         yield reload
         own = CounterMetricFamily(
             f"{PREFIX}_sidecar_cpu_seconds",
@@ -57,7 +56,6 @@ class SnapshotCollector(Collector):
         for stage, seconds in sorted(CPU.totals().items()):
             own.add_metric([stage], seconds)
         yield own
-        snapshot = self.snapshot
         if snapshot is None:
             return
         yield from self._health(snapshot)
@@ -83,7 +81,7 @@ class SnapshotCollector(Collector):
         evaluations.add_metric([], snapshot.evaluations)
         yield evaluations
         failures = CounterMetricFamily(f"{PREFIX}_evaluation_failures", "Evaluations that raised (the last good snapshot stays served; /readyz says 503).")
-        failures.add_metric([], self.evaluation_failures)
+        failures.add_metric([], snapshot.sidecar.evaluation_failures)
         yield failures
         evaluated = GaugeMetricFamily(f"{PREFIX}_last_evaluation_timestamp_seconds", "Time of the last evaluation.")
         evaluated.add_metric([], snapshot.timestamp)
@@ -216,15 +214,6 @@ class Exposition:
         self._asked_for: set[bool] = set()
         self._scraped_at: dict[bool, list[float]] = {False: [], True: []}  # the last three scrapes per format (monotonic)
         self.renders = 0
-
-    def evaluation_failed(self, last_good: Snapshot | None) -> None:
-        """An evaluation raised: count it (vllm_triage_evaluation_failures_total) and serve the last good snapshot."""
-        self.collector.evaluation_failures += 1
-        self.update(last_good)
-
-    def config_reloaded(self, successful: bool) -> None:
-        """A changed config file was taken (or refused: vllm_triage_config_last_reload_successful 0)."""
-        self.collector.config_reload_successful = successful
 
     def update(self, snapshot: Snapshot | None, now: float | None = None) -> None:
         """A new snapshot; `now` (monotonic) lets formats with no scrape due skip rendering."""

@@ -439,8 +439,29 @@ def json_safe(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class SidecarState:
+    """The sidecar's own state that outlives one evaluation: what the daemon hands each evaluation to carry, so that
+    /metrics, /diagnosis and /readyz show it from the snapshot they serve."""
+
+    evaluation_failures: int = 0  # evaluations that raised since start (reloads included)
+    evaluation_error: str | None = None  # the last evaluation's error; None when it succeeded
+    config_reload_successful: bool = True  # False once the config file changed into one that was refused
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "evaluation_failures": self.evaluation_failures,
+            "evaluation_error": self.evaluation_error,
+            "config_reload_successful": self.config_reload_successful,
+        }
+
+
+SIDECAR_AT_START = SidecarState()  # no evaluation failed, no reload refused
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Everything the outlets show, computed once per tick."""
+    """Everything the outlets show, computed once per tick (after a failed evaluation: the last good one, carrying
+    the failure in `sidecar`)."""
 
     timestamp: float
     signals: dict[Scope, dict[str, float | None]]  # scope -> signal -> value
@@ -456,6 +477,7 @@ class Snapshot:
     # How long vLLM has been starting: no answer yet since the sidecar started, and the host shows a start, not an outage
     # (Engine._vllm_starting_seconds). None when it is not starting.
     vllm_starting_seconds: float | None = None
+    sidecar: SidecarState = SIDECAR_AT_START
 
     @property
     def vllm_starting(self) -> bool:
@@ -477,6 +499,7 @@ class Snapshot:
                 "discovery": self.discovery.to_json(),
                 "gpus": _gpus_json(self.latest.get(GPU_SOURCE, {})),
                 "stack_dumps": list(self.stack_dumps),
+                "sidecar": self.sidecar.to_json(),
             }
         )
         return record

@@ -13,7 +13,7 @@ from .config import Config
 from .derive import DeriveSettings, derive
 from .diagnosis.engine import Engine
 from .envelope import Envelope
-from .model import Reading, Snapshot
+from .model import SIDECAR_AT_START, Reading, SidecarState, Snapshot
 from .store import Store
 
 
@@ -42,8 +42,10 @@ class Pipeline:
     def feed(self, reading: Reading) -> None:
         self.store.add(reading)
 
-    def evaluate(self, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = ()) -> Snapshot:
-        return evaluate(self.engine, self.store, now, stuck, stack_dumps, derive_settings=self.derive_settings, envelope=self.envelope)
+    def evaluate(
+        self, now: float, stuck: tuple[tuple[str, str, str], ...] = (), stack_dumps: tuple[dict[str, Any], ...] = (), sidecar: SidecarState = SIDECAR_AT_START
+    ) -> Snapshot:
+        return evaluate(self.engine, self.store, now, stuck, stack_dumps, sidecar, derive_settings=self.derive_settings, envelope=self.envelope)
 
     def fed(self) -> bool:
         """Whether any reading arrived yet, ok or failed."""
@@ -81,6 +83,7 @@ def evaluate(
     now: float,
     stuck: tuple[tuple[str, str, str], ...] = (),
     stack_dumps: tuple[dict[str, Any], ...] = (),
+    sidecar: SidecarState = SIDECAR_AT_START,
     *,
     derive_settings: DeriveSettings | None = None,
     envelope: Envelope | None = None,
@@ -88,7 +91,8 @@ def evaluate(
     """The one evaluation step: derive what the store holds at `now` (health, discovery, signals), add this tick to
     vLLM's envelope (what a change cost), hand the judge the values its conditions declare (and where stack dumps found
     vLLM's processes waiting: (role, place, frame)), and assemble the Snapshot (with the stack dumps taken for the
-    active verdicts, shown in /diagnosis)."""
+    active verdicts, shown in /diagnosis, and the sidecar's own state the daemon carries from one evaluation to the
+    next)."""
     derived = derive(store, now, derive_settings or DeriveSettings())
     wants = engine.wants()
     change: tuple[str, ...] = ()
@@ -110,6 +114,7 @@ def evaluate(
         latest=derived.latest_exported(),
         vllm_starting_seconds=judgement.vllm_starting_seconds,
         stack_dumps=stack_dumps,
+        sidecar=sidecar,
     )
 
 

@@ -97,16 +97,26 @@ def test_redact_url_hides_userinfo_and_query_values():
 def test_a_failing_tick_shows_in_readyz_and_a_counter_and_keeps_the_last_snapshot(monkeypatch):
     daemon = saturated_daemon()
     served = daemon.exposition.render(openmetrics=False)
-    monkeypatch.setattr(daemon.pipeline, "evaluate", lambda now, stuck, stack_dumps: 1 / 0)
+    monkeypatch.setattr(daemon.pipeline, "evaluate", lambda *inputs: 1 / 0)
     daemon._tick_if_fed()
     (ready, metrics) = serve_and_get(daemon, [("/readyz", {}), ("/metrics", {})])
     assert ready[0] == 503 and b"evaluation failing: ZeroDivisionError" in ready[2]
     assert families(metrics[2].decode())["vllm_triage_evaluation_failures"].samples[0].value == 1
     assert b"vllm_triage_condition_active" in metrics[2] and served
+    last_good = daemon.snapshot
+    daemon._tick_if_fed()  # failing again: counted, the same error not logged twice
+    assert daemon.snapshot is not None and last_good is not None and daemon.snapshot.verdicts == last_good.verdicts
+    ((_, _, body),) = serve_and_get(daemon, [("/diagnosis", {})])
+    assert json.loads(body)["sidecar"] == {
+        "evaluation_failures": 2,
+        "evaluation_error": "ZeroDivisionError: division by zero",
+        "config_reload_successful": True,
+    }
     monkeypatch.undo()
     daemon._tick_if_fed()
-    ((status, _, _),) = serve_and_get(daemon, [("/readyz", {})])
-    assert status == 200
+    (ready, diagnosis) = serve_and_get(daemon, [("/readyz", {}), ("/diagnosis", {})])
+    assert ready[0] == 200
+    assert json.loads(diagnosis[2])["sidecar"] == {"evaluation_failures": 2, "evaluation_error": None, "config_reload_successful": True}
 
 
 def sidecar_fds(pid: int) -> int:

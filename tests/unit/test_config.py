@@ -143,6 +143,7 @@ def test_a_changed_config_file_is_picked_up_without_a_restart_and_an_invalid_one
         swap("conditions:\n  kv_cache_saturated: {usage_min: lots}\n")
         sidecar.wait_for(lambda: reload_ok() == 0, 30, "the invalid file refused")
         assert usage_min() == 0.7 and sidecar.process.poll() is None
+        assert sidecar.diagnosis()["sidecar"]["config_reload_successful"] is False  # /diagnosis says so too
         assert "conditions.kv_cache_saturated.usage_min" in sidecar.log_path.read_text()
         swap("conditions:\n  kv_cache_saturated: {usage_min: 0.75}\n")
         sidecar.wait_for(lambda: usage_min() == 0.75 and reload_ok() == 1, 30, "the fixed file in force")
