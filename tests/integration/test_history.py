@@ -34,14 +34,27 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Page).serve_forever()
 """
 
 
-def live_timeline(sidecar, seconds: float) -> list[tuple[float, set[str]]]:
-    """(time, active conditions) once a second from the live sidecar."""
+def live_timeline(sidecar, seconds: float, held: list[set[str]]) -> list[tuple[float, set[str]]]:
+    """(time, active conditions) once a second from the live sidecar; `held` gets, at each poll, the conditions whose
+    predicate held at its last tick (/diagnosis' raw)."""
     timeline = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         timeline.append((time.time(), {c for c, v in sidecar.active().items() if v == 1.0}))
+        held.append({c["condition"] for c in sidecar.diagnosis()["conditions"] if c["raw"]})
         time.sleep(1)
     return timeline
+
+
+def flickering(held: list[set[str]]) -> set[str]:
+    """Conditions whose predicate came and went: held at a poll, not at a later one, and held again after. Such a
+    predicate sits at its threshold: whether its `for` is met depends on the second each observer sampled at."""
+    found = set()
+    for condition in set().union(*held):
+        states = [condition in h for h in held]
+        if not all(states[states.index(True) : len(states) - states[::-1].index(True)]):
+            found.add(condition)
+    return found
 
 
 def first_active(timeline: list[tuple[float, set[str]]], condition: str) -> float | None:
@@ -76,12 +89,13 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
     load = None
     try:
         start = time.time()
-        timeline = live_timeline(sidecar, 15)  # idle
+        held: list[set[str]] = []
+        timeline = live_timeline(sidecar, 15, held)  # idle
         load = start_load(vllm.url, clients=64, prompt_words=200, max_tokens=500)
-        timeline += live_timeline(sidecar, 60)
+        timeline += live_timeline(sidecar, 60, held)
         load.stop()
         load = None
-        timeline += live_timeline(sidecar, 25)  # recovery
+        timeline += live_timeline(sidecar, 25, held)  # recovery
         end = time.time()
         assert all(first_active(timeline, c) is not None for c in JUDGED), timeline[-40:]
 
@@ -114,9 +128,12 @@ def test_history_in_prometheus_gives_the_live_verdicts(vllm, tmp_path):
             )
         ever_live = set().union(*(active for _, active in timeline))
         ever_history = {c["condition"] for c in changes if c["state"] == "active"}
-        # the same story, and the GPU's from dcgm-exporter beside it: util.gpu 0.98 with SMs at 0.11 and a thermal slowdown all along
+        # the same story, and the GPU's from dcgm-exporter beside it: util.gpu 0.98 with SMs at 0.11 and a thermal slowdown all
+        # along. Only a condition whose predicate the live sidecar saw flicker at its threshold may be told by one of them
+        # alone (itl_high under CI's contention: the history met its 30 s `for`, the live sidecar did not).
         from_dcgm = {"gpu_busy_not_computing", "gpu_throttled"}
-        assert ever_history - from_dcgm == ever_live and from_dcgm <= ever_history, (ever_history, ever_live)
+        told_by_one = (ever_history - from_dcgm) ^ ever_live
+        assert from_dcgm <= ever_history and told_by_one <= flickering(held), (ever_history, ever_live, flickering(held), health)
 
         # diagnose at a moment of the saturation: the report the sidecar gave then
         at = first_active(timeline, "preemption_storm") + 10  # type: ignore[operator]
