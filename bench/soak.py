@@ -5,6 +5,9 @@ Samples the sidecar's RSS over time; the goal is a flat line after warm-up, boun
 
     .venv/bin/python -m bench.soak [--seconds 300] [--name-length 8 1000] [--engines 1] [--series 0] [--scrape-interval 0.5] [--slow-clients 200]
 
+`--name-length 0` keeps the page's model name (the same series at every scrape, as a real server's): the sidecar's
+memory over time without churn, the baseline the churning runs are read against.
+
 The fake vLLM is an aiohttp server on loopback in this process; the sidecar runs the vllm source at a
 0.5 s scrape interval by default (4x the default), so label sets churn four times as fast as a real one would;
 the store then keeps four times the pages of the default 2 s (`--scrape-interval 2`: the default's memory).
@@ -39,12 +42,15 @@ def padded(page: str, engines: int, series: int) -> str:
 
 
 async def churning_vllm(port: int, name_length: int, engines: int, series: int) -> web.AppRunner:
-    """vLLM's real page (repeated once per data-parallel engine, padded to `series`), its model_name different on every request."""
+    """vLLM's real page (repeated once per data-parallel engine, padded to `series`), its model_name different on every request
+    (the same at every request with `name_length` 0)."""
     page = padded(engines_page(engines), engines, series)
     count = {"n": 0}
 
     async def metrics(_: web.Request) -> web.Response:
         count["n"] += 1
+        if not name_length:
+            return web.Response(text=page)
         name = f"{count['n']:0{name_length}d}"[-name_length:]
         return web.Response(text=page.replace('model_name="tiny"', f'model_name="{name}"'))
 
@@ -92,7 +98,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--name-length", type=int, nargs="+", default=[8, 1000])
+    parser.add_argument("--name-length", type=int, nargs="+", default=[8, 1000], help="model_name lengths, one run each (0: the same name at every scrape)")
     parser.add_argument("--engines", type=int, default=1, help="data-parallel engines on the page (the sidecar's max_engines is 32)")
     parser.add_argument("--series", type=int, default=0, help="pad the page to this many vllm: series (max_series: 15000)")
     parser.add_argument("--scrape-interval", type=float, default=0.5, help="the sidecar's scrape_interval_seconds")
@@ -106,7 +112,12 @@ def main() -> None:
         warm = [rss for t, rss in samples if t >= 60]
         spread = f"after 60 s: {min(warm):.0f}-{max(warm):.0f} MB" if warm else ""
         page = f"{args.engines} engine(s), {args.series or 'real'} series"
-        what = f"{page}, model_name of {length} chars, new every {args.scrape_interval} s scrape, {args.slow_clients} slow clients"
+        names = (
+            f"model_name of {length} chars, new every {args.scrape_interval} s scrape"
+            if length
+            else f"the same model_name, scraped every {args.scrape_interval} s"
+        )
+        what = f"{page}, {names}, {args.slow_clients} slow clients"
         print(f"{what}: RSS MB {line}  {spread}", flush=True)
 
 
