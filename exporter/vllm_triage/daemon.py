@@ -28,7 +28,7 @@ from .diagnosis.condition import Condition
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .exposition import Exposition
 from .history.capture import demo_capture_path, read_readings
-from .model import GIL_SOURCE, PROCESS_SOURCE, SIDECAR_AT_START, ProcessEntry, ProcessTargets, Reading, Snapshot
+from .model import GIL_SOURCE, PROCESS_SOURCE, SIDECAR_AT_START, ProcessEntry, ProcessTargets, Reading, SidecarState, Snapshot
 from .options import ConfigError
 from .pipeline import Pipeline
 from .registry import build_sources, every, start_sources
@@ -157,9 +157,11 @@ class Daemon:
         return self.sidecar.evaluation_error
 
     def tick(self) -> Snapshot:
-        sidecar = replace(self.sidecar, evaluation_error=None)  # carried only if this evaluation succeeds
+        failing = self.sidecar.evaluation_error is not None
+        # the error cleared is carried only if this evaluation succeeds; a healthy tick makes no new state
+        sidecar = replace(self.sidecar, evaluation_error=None) if failing else self.sidecar
         snapshot = CPU.run("evaluate", self.pipeline.evaluate, self.clock(), self._stuck(), self.stack_dumps, sidecar)
-        if self.sidecar.evaluation_error is not None:
+        if failing:
             log.info("evaluation recovered")
         self.sidecar = sidecar
         CPU.run("render", self.exposition.update, snapshot, time.monotonic())
@@ -170,13 +172,17 @@ class Daemon:
         self.history.append(snapshot)
         return snapshot
 
-    def _sidecar_changed(self, **changes: object) -> None:
+    def _sidecar_changed(self, sidecar: SidecarState) -> None:
         """The sidecar's state changed between evaluations: the snapshot served carries it now (a new value, the last
         good one's verdicts and signals), and the next evaluation carries it on."""
-        self.sidecar = replace(self.sidecar, **changes)  # type: ignore[arg-type]
+        self.sidecar = sidecar
         if self.snapshot is not None:
             self.snapshot = replace(self.snapshot, sidecar=self.sidecar)
         self.exposition.update(self.snapshot)
+
+    def _reload_seen(self, successful: bool) -> None:
+        # on the pipeline thread, as every change of self.sidecar: a failure counted meanwhile is not lost
+        self._sidecar_changed(replace(self.sidecar, config_reload_successful=successful))
 
     @staticmethod
     def _log_transitions(before: Snapshot | None, after: Snapshot) -> None:
@@ -199,15 +205,15 @@ class Daemon:
             config = await asyncio.to_thread(self.watch.load)
         except ConfigError as error:
             log.error("config file %s changed but is invalid, the running configuration is kept: %s", self.watch.path, error)
-            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=False))
+            await self._in_pipeline(partial(self._reload_seen, False))
             return
         if config.web_config_file != self.config.web_config_file:
             # The listener's TLS and users come from the file named at start; another file needs a restart.
             log.error("config file %s changed web_config_file: that needs a restart; the running configuration is kept", self.watch.path)
-            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=False))
+            await self._in_pipeline(partial(self._reload_seen, False))
             return
         if not self.sidecar.config_reload_successful:
-            await self._in_pipeline(partial(self._sidecar_changed, config_reload_successful=True))
+            await self._in_pipeline(partial(self._reload_seen, True))
         if config != self.config:
             log.warning("config file %s changed: continuing with it (vLLM is not touched; the windows are kept)", self.watch.path)
             self.reloaded = config
@@ -231,7 +237,7 @@ class Daemon:
             message = f"{type(error).__name__}: {error}"
             if message != self.sidecar.evaluation_error:
                 log.exception("evaluation failed (the last good snapshot is served)")
-            self._sidecar_changed(evaluation_failures=self.sidecar.evaluation_failures + 1, evaluation_error=message)
+            self._sidecar_changed(replace(self.sidecar, evaluation_failures=self.sidecar.evaluation_failures + 1, evaluation_error=message))
 
     async def _tick(self) -> None:
         await self._in_pipeline(self._tick_if_fed)
