@@ -17,30 +17,28 @@ export VLLM_TRIAGE_TINY_MODEL := $(TINY_MODEL)
 run: $(VENV)/.installed
 	$(BIN)/vllm-triage serve --demo --listen $(LISTEN)
 
-# Three lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock): the
-# tests that drive real vLLMs, one after another since their verdicts are timed; the rest (the unit tests, the image
-# and compose stack, the rollout); and the replayed paging test, which mostly waits on its 10-times-faster clock (about
-# half a core for 5 minutes), beside them rather than after them.
+# Three lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock), each
+# about a third of the work: the tests on the one shared real vLLM and the labelled scenarios (their verdicts are timed:
+# one after another); the rest (the unit tests, the image and compose stack, the incident page in a browser, a
+# tensor-parallel vLLM); and whole pod lives on their own vLLMs or replays, each paging test and the rollout (the
+# replayed one mostly waits on its 10-times-faster clock). Within a lane the tests run one after another.
 test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-tools docker-tools browser-tools
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-vllm test-rest test-paging
 
 # lint, types and the unit tests: the loop while changing code
 test-fast: lint typecheck unit
 
-# The integration tests no real vLLM of the vLLM lane drives: the image, the incident page in a browser, test_rollout
-# (its own vLLM, restarted twice: ~5 min, so that the vLLM lane and the rest take about as long) and the replayed
-# paging test (its own lane).
-PAGING_REPLAYED := tests/integration/test_paging.py::test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody
-NOT_VLLM := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_rollout.py $(PAGING_REPLAYED)
+REST_INTEGRATION := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_tensor_parallel.py
+POD_LIVES := tests/integration/test_paging.py tests/integration/test_rollout.py
 
 test-vllm:
-	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(NOT_VLLM))
+	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(REST_INTEGRATION) $(POD_LIVES))
 
 test-rest:
-	$(BIN)/pytest -q -rA --durations=8 tests/unit $(filter-out $(PAGING_REPLAYED),$(NOT_VLLM))
+	$(BIN)/pytest -q -rA --durations=8 tests/unit $(REST_INTEGRATION)
 
 test-paging:
-	$(BIN)/pytest -q -rA $(PAGING_REPLAYED)
+	$(BIN)/pytest -q -rA --durations=8 $(POD_LIVES)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
