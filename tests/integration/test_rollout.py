@@ -2,6 +2,10 @@
 vLLM container restarts beside it: a restart with the same flags goes on with the same envelope and says nothing; a
 restart with a lower --max-num-seqs is regression_after_change, naming the flag and by how much it cost.
 
+The change is 8 -> 1 sequences: on this CPU a step's time grows with its batch, so 8 -> 2 cost only a third of the
+throughput per request (0.66 of before, against the 0.8 threshold), a margin that the other CI lanes' load, heavier
+before the change than after it, once closed.
+
 The sidecar keeps its test cadence (a 1 s tick); the envelope's own window and match sizes are the defaults."""
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def test_a_plain_restart_is_no_change_and_a_lower_max_num_seqs_is_a_regression_n
         assert "active" not in states, states
         assert any(t.startswith("no change of vLLM's configuration seen") for t in texts(sidecar)), texts(sidecar)
         server.stop()
-        server = vllm_server.start(tmp_path / "vllm-3.log", port=port, max_num_seqs=2)
+        server = vllm_server.start(tmp_path / "vllm-3.log", port=port, max_num_seqs=1)
         load = start_load(server.url, clients=CLIENTS, prompt_words=20, max_tokens=64)
         try:
             sidecar.wait_for(lambda: sidecar.condition("regression_after_change")["state"] == "active", 120, "regression_after_change")
@@ -59,11 +63,13 @@ def test_a_plain_restart_is_no_change_and_a_lower_max_num_seqs_is_a_regression_n
             load.stop()
         said = [e["text"] for e in verdict["evidence"]]
         print("regression_after_change:", said)
-        assert any(t.startswith("changed at ") and t.endswith(": --max-num-seqs 8 -> 2") for t in said), said
+        assert any(t.startswith("changed at ") and t.endswith(": --max-num-seqs 8 -> 1") for t in said), said
         ratio = next(e["value"] for e in verdict["evidence"] if e["signal"] == "vllm_change_throughput_ratio")
         assert ratio <= 0.8, ratio
         assert any("requests in flight" in t and "output tokens per second per request after the change" in t for t in said), said
     finally:
+        if sidecar.process.poll() is None:
+            print("regression_after_change at the end:", texts(sidecar))
         server.stop()
         sidecar.process.terminate()
         sidecar.process.wait(timeout=10)
