@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
@@ -132,16 +133,25 @@ class GpuMeta(TypedDict, total=False):
 
 
 # One shared tuple per label set: every scrape repeats the same series, and the store keeps a
-# minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). Bounded by
-# the bytes of the label text it holds (not by entries: churning 4 KB labels grew it to 500 MB):
-# cleared when over, which only costs re-interning the label sets still in use. A new label set's
+# minute of frames, so sharing saves most of the memory (32 engines: 250 -> ~100 MB). A new label set's
 # (name, value) pairs are shared too, and their strings interned: a model name new at every scrape is
 # then one string and one pair per page, not one copy per series (31 engines of 600-character names
 # new at every scrape: 6,000 copies a page, 34 pages in the window).
-_INTERNED_LABELS: dict[Labels, Labels] = {}
-_INTERNED_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
+# The table follows the pages seen: it keeps two generations, a new one begun every
+# LABEL_GENERATION_SECONDS (checked when a label set is new). A set in use moves into the new generation
+# at its next use; the old generation, with every set no page used since, is dropped at the next turn.
+# A model name that never settles then leaves two generations of names behind, not all of them up to
+# the byte bound. That bound caps both generations together (by the bytes of label text, not entries:
+# churning 4 KB labels grew an entry-bounded table to 500 MB): over it, the old generation is dropped,
+# then the new one, which only costs re-sharing the sets still in use.
+LABEL_GENERATION_SECONDS = 120.0
 MAX_INTERNED_LABEL_BYTES = 16 * 1024 * 1024
-_interned_bytes = 0
+_INTERNED_LABELS: dict[Labels, Labels] = {}  # this generation
+_INTERNED_LABELS_BEFORE: dict[Labels, Labels] = {}  # the one before: a set used again moves on
+_INTERNED_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}  # this generation's
+_current_bytes = 0
+_before_bytes = 0
+_generation_started = time.monotonic()
 
 
 def _shared_pair(pair: tuple[str, str]) -> tuple[str, str]:
@@ -152,18 +162,29 @@ def _shared_pair(pair: tuple[str, str]) -> tuple[str, str]:
 
 
 def make_labels(labels: dict[str, str]) -> Labels:
-    global _interned_bytes
+    global _INTERNED_LABELS, _INTERNED_LABELS_BEFORE, _current_bytes, _before_bytes, _generation_started
     key = tuple(sorted(labels.items()))
     shared = _INTERNED_LABELS.get(key)
-    if shared is None:
-        size = 64 + sum(len(k) + len(v) + 16 for k, v in key)
-        if _interned_bytes + size > MAX_INTERNED_LABEL_BYTES:
-            _INTERNED_LABELS.clear()
+    if shared is not None:
+        return shared
+    size = 64 + sum(len(k) + len(v) + 16 for k, v in key)
+    shared = _INTERNED_LABELS_BEFORE.pop(key, None)
+    if shared is not None:
+        _before_bytes -= size
+    else:
+        now = time.monotonic()
+        if now - _generation_started >= LABEL_GENERATION_SECONDS:
+            _INTERNED_LABELS_BEFORE, _before_bytes, _generation_started = _INTERNED_LABELS, _current_bytes, now
+            _INTERNED_LABELS, _current_bytes = {}, 0
             _INTERNED_PAIRS.clear()
-            _interned_bytes = 0
+        if _current_bytes + _before_bytes + size > MAX_INTERNED_LABEL_BYTES:
+            _INTERNED_LABELS_BEFORE, _before_bytes = {}, 0
+        if _current_bytes + size > MAX_INTERNED_LABEL_BYTES:
+            _INTERNED_LABELS, _current_bytes = {}, 0
+            _INTERNED_PAIRS.clear()
         shared = tuple(map(_shared_pair, key))
-        _INTERNED_LABELS[shared] = shared
-        _interned_bytes += size
+    _INTERNED_LABELS[shared] = shared
+    _current_bytes += size
     return shared
 
 
