@@ -20,8 +20,11 @@ run: $(VENV)/.installed
 # Three lanes side by side on CI's 2 cores (every tool installed first: two apt-gets would fight over dpkg's lock), each
 # about a third of the work: the tests on the one shared real vLLM and the labelled scenarios (their verdicts are timed:
 # one after another); the rest (the unit tests, the image and compose stack, the incident page in a browser, a
-# tensor-parallel vLLM); and whole pod lives on their own vLLMs or replays, each paging test and the rollout (the
-# replayed one mostly waits on its 10-times-faster clock). Within a lane the tests run one after another.
+# tensor-parallel vLLM); and whole pod lives on their own vLLMs or replays, the rollout and each paging test (the
+# replayed one mostly waits on its 10-times-faster clock). Within a lane the tests run one after another. The rollout
+# comes first: it compares vLLM's throughput before a change with after it, and while the unit tests run beside both
+# they share one neighbour (ending in the middle of it, the other lanes' load once made the same vLLM 8 times slower
+# before the change than after it).
 test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-tools docker-tools browser-tools
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-vllm test-rest test-paging
 
@@ -29,7 +32,7 @@ test: lint typecheck rules $(VENV)/.installed vllm-env prometheus-tools compose-
 test-fast: lint typecheck unit
 
 REST_INTEGRATION := tests/integration/test_image.py tests/integration/test_report_page.py tests/integration/test_tensor_parallel.py
-POD_LIVES := tests/integration/test_paging.py tests/integration/test_rollout.py
+POD_LIVES := tests/integration/test_rollout.py tests/integration/test_paging.py
 
 test-vllm:
 	$(BIN)/pytest -q -rA --durations=8 tests/integration $(addprefix --deselect ,$(REST_INTEGRATION) $(POD_LIVES))

@@ -3,8 +3,9 @@ vLLM container restarts beside it: a restart with the same flags goes on with th
 restart with a lower --max-num-seqs is regression_after_change, naming the flag and by how much it cost.
 
 The change is 8 -> 1 sequences: on this CPU a step's time grows with its batch, so 8 -> 2 cost only a third of the
-throughput per request (0.66 of before, against the 0.8 threshold), a margin that the other CI lanes' load, heavier
-before the change than after it, once closed.
+throughput per request (0.66 of before, against the 0.8 threshold). The envelope compares across minutes, so what
+else the machine runs must stay alike on both sides: CI runs this test first in its lane, beside the unit tests
+(the Makefile says why).
 
 The sidecar keeps its test cadence (a 1 s tick); the envelope's own window and match sizes are the defaults."""
 
