@@ -291,8 +291,16 @@ for _slo, (_what, _histogram, _target, _objective) in SLOS.items():
             "what": f"{_what} SLO target in seconds: one of vLLM's bucket bounds",
             "format": 'le=~"%v([.]0)?"',
         }
-for _tunable in VLLM_THRESHOLDS.values():
-    _tunable["text"] = _tunable["format"].replace("%v", f"{_tunable['default']:g}")
+
+
+def threshold_text(key: str, value: float) -> str:
+    """What a tunable's rules say at `value`: its text in the rules file at the default, and what the chart's template
+    writes in its place for an install's `vllmThresholds.<key>`."""
+    return str(VLLM_THRESHOLDS[key]["format"]).replace("%v", f"{value:g}")
+
+
+for _key, _tunable in VLLM_THRESHOLDS.items():
+    _tunable["text"] = threshold_text(_key, _tunable["default"])
 
 
 def vllm_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import yaml
 from harness import vllm_server
 from harness.components import FAST_CADENCE, FAST_CONDITIONS, REPO, get, start_alertmanager, start_load, start_prometheus, start_sidecar
 from harness.scenarios import engine_core
-from mixin.rules import VLLM_THRESHOLDS
+from mixin.rules import VLLM_THRESHOLDS, threshold_text
 from tests.support import timeline
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ def faster_rules(thresholds: dict[str, float] | None = None) -> dict:
                 tunable = VLLM_THRESHOLDS[key]
                 if rule.get("alert", rule.get("record")) in tunable["rules"]:
                     assert tunable["text"] in rule["expr"], (key, rule["expr"])
-                    rule["expr"] = rule["expr"].replace(tunable["text"], tunable["format"].replace("%v", f"{value:g}"))
+                    rule["expr"] = rule["expr"].replace(tunable["text"], threshold_text(key, value))
             rule["expr"] = re.sub(r"\[(\w+)\]", lambda m: f"[{faster(m.group(1))}]", rule["expr"])
             for key in ("for", "keep_firing_for"):
                 if key in rule:
