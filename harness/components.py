@@ -71,15 +71,23 @@ class Sidecar:
     def condition(self, name: str) -> dict:
         return next(c for c in self.diagnosis()["conditions"] if c["condition"] == name)
 
-    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.5) -> float:
-        """Seconds until predicate() holds; fails with the sidecar's view if it never does."""
+    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.5, shows: str | None = None) -> float:
+        """Seconds until predicate() holds; fails with the sidecar's view if it never does: every condition's state,
+        and the evidence, missing inputs and processes behind the condition named by `shows`."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if predicate():
                 return time.monotonic() - started
             time.sleep(interval)
-        states = {c["condition"]: c["state"] for c in self.diagnosis()["conditions"]}
-        pytest.fail(f"{what}: not seen within {timeout:.0f} s; conditions: {states}")
+        diagnosis = self.diagnosis()
+        states = {c["condition"]: c["state"] for c in diagnosis["conditions"]}
+        detail = ""
+        if shows is not None:
+            judged = next(c for c in diagnosis["conditions"] if c["condition"] == shows)
+            evidence = [e["text"] for e in judged["evidence"]]
+            processes = diagnosis["discovery"]["processes"]
+            detail = f"; {shows}'s evidence: {evidence}, missing: {judged['missing_inputs']}; processes: {processes}"
+        pytest.fail(f"{what}: not seen within {timeout:.0f} s; conditions: {states}{detail}")
 
 
 def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str) -> Sidecar:

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from harness import vllm_server
@@ -39,7 +40,11 @@ def test_a_stopped_rank_is_named_and_leads_the_stall_and_a_killed_rank_takes_the
         assert not any(sidecar.active().values()), sidecar.active()
         # TP1 stopped (SIGSTOP: a debugger, a checkpointing tool): TP0 and the engine core wait for it in the all-reduce
         os.kill(workers[1], signal.SIGSTOP)
-        took = sidecar.wait_for(lambda: sidecar.active()["tp_rank_lost"] == 1.0, 60, "tp_rank_lost after a rank stopped")
+        deadline = time.monotonic() + 5
+        while psutil.Process(workers[1]).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert psutil.Process(workers[1]).status() == psutil.STATUS_STOPPED, "the kernel did not stop TP1"
+        took = sidecar.wait_for(lambda: sidecar.active()["tp_rank_lost"] == 1.0, 60, "tp_rank_lost after a rank stopped", shows="tp_rank_lost")
         print(f"tp_rank_lost {took:.0f} s after TP1 stopped")
         lost = sidecar.condition("tp_rank_lost")
         assert lost["cause"] == "stopped" and lost["role"] == "primary", lost
