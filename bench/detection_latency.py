@@ -4,7 +4,9 @@ saturation / recovery; harness/gpu/real_vllm.py, scenario serving) and the real 
 (tests/data/real-vllm-h200-*, and two recorded on an H100: real-vllm-h100-*) on the virtual clock, and reports every
 transition against the phase it happened in, and the CPU a tick took. Prints a table; enforces nothing.
 
-    .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE ...]
+    .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE ...] [--cadence SECONDS]
+
+--cadence replays each capture as a sidecar reading and judging every SECONDS would have seen it (harness/cadence.py).
 
 The phases come from each capture's header; they start with the recording (the load driver and the recorder start
 together), so offsets are good to the scrape interval (2 s). A phase's offset is from the start of the phase the load
@@ -24,6 +26,8 @@ from vllm_triage.history.capture import demo_capture_path, read_description, rea
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 
+from harness.cadence import at_cadence
+
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
 FLAGSHIP = (
@@ -40,10 +44,15 @@ FLAGSHIP = (
 )
 
 
-def transitions_of(path: str, config: Config) -> tuple[list[tuple[float, str, str, str]], list[tuple[str, float, float]], float, int, float]:
+Transitions = list[tuple[float, str, str, str]]
+
+
+def transitions_of(path: str, config: Config, cadence: float | None = None) -> tuple[Transitions, list[tuple[str, float, float]], float, int, float]:
     """(transitions as (seconds in, condition, before, after), phases as (name, start, end), CPU seconds a tick, ticks,
     the capture's length)."""
     readings = list(read_readings(path))
+    if cadence is not None:
+        readings = at_cadence(readings, cadence)
     start = readings[0].timestamp
     phases = []
     offset = 0.0
@@ -74,10 +83,12 @@ def main() -> None:
     parser.add_argument("--config", help="A sidecar config file (default: the defaults).")
     default = [str(demo_capture_path()), *(str(DATA / f"real-vllm-{name}.jsonl.gz") for name in FLAGSHIP)]
     parser.add_argument("--capture", nargs="+", default=default, help="Captures to replay (default: the demo and the flagship regimes).")
+    parser.add_argument("--cadence", type=float, help="Read and judge every this many seconds (default: the config's).")
     args = parser.parse_args()
-    config = load(args.config, env={})
+    intervals = ("tick_seconds", "scrape_interval_seconds", "process_interval_seconds", "gpu_interval_seconds")
+    config = load(args.config, env={}, flags=dict.fromkeys(intervals, args.cadence) if args.cadence else {})
     for path in args.capture:
-        transitions, phases, cpu_per_tick, ticks, length = transitions_of(path, config)
+        transitions, phases, cpu_per_tick, ticks, length = transitions_of(path, config, args.cadence)
         print(f"capture {Path(path).name}: {length:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")
         print(f"replayed {ticks} ticks: {cpu_per_tick * 1000:.2f} ms of CPU a tick (ingesting its readings, evaluating, the verdicts' bookkeeping above)")
         print("phases: " + ", ".join(f"{name} {lo:.0f}-{hi:.0f} s" for name, lo, hi in phases))

@@ -10,8 +10,8 @@ configuration read without the process view (no flags) is not "changed" by the f
 Each tick adds one point: the requests in flight (running and waiting) over the last POINT_WINDOW_SECONDS, and per
 request in flight the output tokens per second, with the inter-token latency and the time to first token. A point is
 taken only over a window in which vLLM answered every scrape and did not restart. After a change, the newest
-COMPARED_POINTS of the new configuration are compared with the points of the configuration before it at a matched
-load (in flight within MATCH_TOLERANCE, prompts of about the same length: traffic that changed with the configuration
+COMPARED_SECONDS of points of the new configuration are compared with the points of the configuration before it at a
+matched load (in flight within MATCH_TOLERANCE, prompts of about the same length: traffic that changed with the configuration
 is not blamed on it).
 """
 
@@ -39,10 +39,12 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 POINT_WINDOW_SECONDS = 30.0
-POINTS_MAX = 1800  # per configuration: an hour of ticks at 2 s
+# In seconds of ticks, so that a comparison waits as long at any tick_seconds (points are counted: idle ticks add none).
+KEPT_SECONDS = 3600.0  # per configuration
 CONFIGURATIONS_MAX = 4  # the newest ones; a rollback finds its old envelope
-COMPARED_POINTS = 30  # the newest points of the configuration in force: its last minute at 2 s ticks
-MATCH_POINTS_MIN = 15  # on each side of a comparison
+COMPARED_SECONDS = 60.0  # the newest points of the configuration in force
+MATCH_SECONDS_MIN = 30.0  # on each side of a comparison
+DEFAULT_TICK_SECONDS = 2.0
 MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
 PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer prompt alone slows each request
 # A full envelope (4 configurations of an hour) takes ~35 ms to write, on the thread that evaluates and renders: it is
@@ -92,7 +94,7 @@ class Point:
 class Configuration:
     identity: Identity
     first_seen: float
-    points: deque[Point] = field(default_factory=lambda: deque(maxlen=POINTS_MAX))
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=round(KEPT_SECONDS / DEFAULT_TICK_SECONDS)))
 
 
 def _kind(key: str) -> str:
@@ -137,8 +139,11 @@ def identity_of(store: Store, discovery: Discovery) -> Identity | None:
 
 
 class Envelope:
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, tick_seconds: float = DEFAULT_TICK_SECONDS) -> None:
         self.path = Path(path) if path else None
+        self.points_max = round(KEPT_SECONDS / tick_seconds)
+        self.compared_points = max(1, round(COMPARED_SECONDS / tick_seconds))
+        self.match_points_min = max(1, round(MATCH_SECONDS_MIN / tick_seconds))
         self.configurations: list[Configuration] = []  # oldest first; the last is in force
         self.changed_at: float | None = None  # when the configuration in force was first seen after another
         self.clean_since = math.inf  # the windows after this hold no outage and no restart
@@ -179,7 +184,7 @@ class Envelope:
         if known is not None:  # a rollback: its envelope goes on
             self.configurations.remove(known)
             known.identity.update(identity)
-        self.configurations.append(known or Configuration(dict(identity), now))
+        self.configurations.append(known or Configuration(dict(identity), now, deque(maxlen=self.points_max)))
         del self.configurations[:-CONFIGURATIONS_MAX]
         if current is not None:
             self.changed_at = now
@@ -221,14 +226,14 @@ class Envelope:
         None where no change was seen or the two do not share a load yet."""
         if self.changed_at is None or len(self.configurations) < 2:
             return None
-        after = [p for p in self.configurations[-1].points if p.at >= self.changed_at][-COMPARED_POINTS:]
-        if len(after) < MATCH_POINTS_MIN:
+        after = [p for p in self.configurations[-1].points if p.at >= self.changed_at][-self.compared_points :]
+        if len(after) < self.match_points_min:
             return None
         load = statistics.median(p.in_flight for p in after)
         prompts = [p.prompt_tokens for p in after if p.prompt_tokens is not None]
         prompt = statistics.median(prompts) if prompts else None
         before = [p for p in self.configurations[-2].points if _alike(p, load, prompt)]
-        return (after, before, load) if len(before) >= MATCH_POINTS_MIN else None
+        return (after, before, load) if len(before) >= self.match_points_min else None
 
     def comparison(self, matched: MATCH | None = None) -> tuple[float, float, float | None, float | None] | None:
         """(the matched load, and after / before at it: output tokens per second per request in flight, ITL, TTFT), or
@@ -240,7 +245,7 @@ class Envelope:
 
         def ratio(pick: Any) -> float | None:
             new, old = [v for p in after if (v := pick(p)) is not None], [v for p in before if (v := pick(p)) is not None]
-            if len(new) < MATCH_POINTS_MIN or len(old) < MATCH_POINTS_MIN or statistics.median(old) <= 0:
+            if len(new) < self.match_points_min or len(old) < self.match_points_min or statistics.median(old) <= 0:
                 return None
             return float(statistics.median(new) / statistics.median(old))
 
@@ -258,7 +263,7 @@ class Envelope:
             return None
         newest = points[-1]
         usual = [p for p in points if p.at <= now - USUAL_AGE_SECONDS and _alike(p, newest.in_flight, newest.prompt_tokens)]
-        if len(usual) < MATCH_POINTS_MIN:
+        if len(usual) < self.match_points_min:
             return None
         throughput = statistics.median(p.tokens_per_second_per_request for p in usual)
         itls = [p.itl_seconds for p in usual if p.itl_seconds is not None]
@@ -336,7 +341,8 @@ class Envelope:
             configurations = []
             for c in state["configurations"][-CONFIGURATIONS_MAX:]:
                 identity = {str(k): str(v) for k, v in dict(c["identity"]).items()}
-                points = deque((Point(float(a), float(n), float(t), *map(_number, rest)) for a, n, t, *rest in c["points"][-POINTS_MAX:]), maxlen=POINTS_MAX)
+                kept = c["points"][-self.points_max :]
+                points = deque((Point(float(a), float(n), float(t), *map(_number, rest)) for a, n, t, *rest in kept), maxlen=self.points_max)
                 configurations.append(Configuration(identity, float(c["first_seen"]), points))
             changed_at = state.get("changed_at")
             self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)

@@ -29,7 +29,7 @@ class Pipeline:
         self.engine = Engine(config.conditions, config.window_seconds, sources=sources, absent_reason=absent)
         self.derive_settings = DeriveSettings(config.max_num_seqs, stale_after(config))
         # A capture's envelope is its own: only the live sidecar keeps one across its restarts.
-        self.envelope = Envelope(config.envelope_file if captured is None else None)
+        self.envelope = Envelope(config.envelope_file if captured is None else None, config.tick_seconds)
         # Keep a little more than the longest window so edge frames are always present; sources that
         # look further back (py-spy's windows come minutes apart) keep their lookback, only they (every
         # vLLM page for 3 minutes cost 3x the memory).

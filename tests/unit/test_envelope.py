@@ -15,6 +15,8 @@ from vllm_triage.history.capture import read_readings
 from vllm_triage.model import Reading
 from vllm_triage.pipeline import Pipeline
 
+from harness.cadence import at_cadence
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 CAPTURE = DATA / "real-vllm-h100-eager_change.jsonl.gz"
 MARKS = {name: at for name, at in json.loads((DATA / "real-vllm-h100-eager_change.json").read_text())}
@@ -101,3 +103,18 @@ def test_only_the_same_load_and_prompt_length_are_compared():
     envelope.configurations[1].points.clear()
     envelope.configurations[1].points.extend(Point(100.0 + t, 17.0, 4.0, 0.05, 0.5, 220.0) for t in range(40))
     assert envelope.comparison() == (17.0, 0.4, 1.0, 1.0)
+
+
+def test_a_change_is_judged_as_soon_at_a_longer_tick():
+    """The envelope compares a minute of points after the change with at least half a minute before it, in seconds and
+    not in points: a sidecar ticking every 4 s (its readings thinned to one per 4 s, as it would read them) says the
+    --enforce-eager regression at most two of its ticks after one ticking every 2 s, not a minute later."""
+    readings = list(read_readings(str(CAPTURE)))
+    first_active = {}
+    for seconds in (2.0, 4.0):
+        config = load(env={}, flags={"tick_seconds": seconds, "scrape_interval_seconds": seconds, "process_interval_seconds": seconds})
+        active: list[float] = []
+        Pipeline(config).replay(at_cadence(readings, seconds), lambda s, seen=active: seen.extend([s.timestamp] if state_of(s) == "active" else []))
+        assert active, f"no regression_after_change at a {seconds:g} s tick"
+        first_active[seconds] = active[0]
+    assert first_active[4.0] - first_active[2.0] <= 8.0, first_active
