@@ -286,6 +286,17 @@ def _steps_per_second(ctx: SignalContext) -> float | None:
     return hist.count / span if hist is not None and span > 0 else None
 
 
+@reads(*_histogram("vllm:iteration_tokens_total"))
+def _step_seconds_recent(ctx: SignalContext) -> float | None:
+    """Mean wall time per engine step over the window's last RECENT_SECONDS, while it steps: under a load that grew
+    within the window, the steps most tokens streamed in are longer than the window's mean step."""
+    recent = ctx.view.recent() if ctx.view.frames else None
+    if recent is None or recent.span_seconds <= 0:
+        return None
+    steps = recent.increase("vllm:iteration_tokens_total_count", ctx.scope)
+    return recent.span_seconds / steps if steps else None
+
+
 def _ttft_outside_engine(ctx: SignalContext) -> float | None:
     """Mean TTFT less vLLM's own mean queue and prefill times: the time spent before the engine core saw the request
     (the API server tokenising, its event loop, the input queue). vLLM measures TTFT from the API server's arrival."""
@@ -682,6 +693,12 @@ VLLM_SIGNALS: tuple[SignalDef, ...] = (
         "engine_step_seconds_mean",
         "Mean wall time per engine step (1 / steps per second), while it steps.",
         lambda ctx: 1.0 / steps if (steps := ctx.values.get("engine_steps_per_second")) else None,
+    ),
+    SignalDef(
+        "engine_step_seconds_recent",
+        "engine_step_seconds_recent",
+        "Mean wall time per engine step over the window's last 10 s, while it steps.",
+        _step_seconds_recent,
     ),
     SignalDef(
         "max_num_batched_tokens",

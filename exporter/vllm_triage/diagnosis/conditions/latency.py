@@ -98,11 +98,15 @@ def _itl_high(j: Judge) -> Term:
 
 def _itl_cause(j: Judge) -> None:
     """ITL against the engine's own step: a token streams once per step, so an ITL well above the step time is spent
-    outside the engine; inside, a step is long because prefill chunks ride in it or because the GPU is at its limit."""
+    outside the engine; inside, a step is long because prefill chunks ride in it or because the GPU is at its limit.
+    Outside only when above the window's mean step and its last 10 s' too: under a load ramping up, most tokens
+    streamed in the newest, longest steps, and the window's mean step is the short ones' (itl_high read `frontend`
+    for 6 s of the compute_limit capture's ramp, its steps growing from 63 to 175 ms)."""
     s, t = j.signals, j.thresholds
     itl, step = s.get("inter_token_latency_seconds_p50"), s.get("engine_step_seconds_mean")
     per_step, running = s.get("tokens_per_step_mean"), s.get("requests_running_mean")
-    if itl is not None and step and itl >= t["outside_engine_factor"] * step:
+    recent_step = s.get("engine_step_seconds_recent") or 0.0
+    if itl is not None and step and itl >= t["outside_engine_factor"] * max(step, recent_step):
         api = s.get("host_api_server_busiest_thread_cpu_ratio_recent")
         j.cause = "api_server" if api is not None and api >= t["api_server_thread_min"] else "frontend"
         j.note(
@@ -180,6 +184,7 @@ ITL_HIGH = Condition(
         "inter_token_latency_seconds_p95",
         "inter_token_latency_seconds_p50",
         "engine_step_seconds_mean",
+        "engine_step_seconds_recent",
         "inter_token_latency_seconds_observations",
         "tokens_per_step_mean",
         "requests_running_mean",
