@@ -6,7 +6,8 @@ transition against the phase it happened in, and the CPU a tick took. Prints a t
 
     .venv/bin/python -m bench.detection_latency [--config FILE] [--capture FILE ...] [--cadence SECONDS]
 
---cadence replays each capture as a sidecar reading and judging every SECONDS would have seen it (harness/cadence.py).
+Each capture is replayed as a sidecar at the config's cadences would have read it (harness/cadence.py: a source recorded
+more often is thinned to its interval); --cadence sets every interval and the tick to SECONDS.
 
 The phases come from each capture's header; they start with the recording (the load driver and the recorder start
 together), so offsets are good to the scrape interval (2 s). A phase's offset is from the start of the phase the load
@@ -26,7 +27,7 @@ from vllm_triage.history.capture import demo_capture_path, read_description, rea
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 
-from harness.cadence import at_cadence
+from harness.cadence import as_read
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
@@ -47,12 +48,10 @@ FLAGSHIP = (
 Transitions = list[tuple[float, str, str, str]]
 
 
-def transitions_of(path: str, config: Config, cadence: float | None = None) -> tuple[Transitions, list[tuple[str, float, float]], float, int, float]:
+def transitions_of(path: str, config: Config) -> tuple[Transitions, list[tuple[str, float, float]], float, int, float]:
     """(transitions as (seconds in, condition, before, after), phases as (name, start, end), CPU seconds a tick, ticks,
     the capture's length)."""
-    readings = list(read_readings(path))
-    if cadence is not None:
-        readings = at_cadence(readings, cadence)
+    readings = as_read(list(read_readings(path)), config)
     start = readings[0].timestamp
     phases = []
     offset = 0.0
@@ -83,12 +82,12 @@ def main() -> None:
     parser.add_argument("--config", help="A sidecar config file (default: the defaults).")
     default = [str(demo_capture_path()), *(str(DATA / f"real-vllm-{name}.jsonl.gz") for name in FLAGSHIP)]
     parser.add_argument("--capture", nargs="+", default=default, help="Captures to replay (default: the demo and the flagship regimes).")
-    parser.add_argument("--cadence", type=float, help="Read and judge every this many seconds (default: the config's).")
+    parser.add_argument("--cadence", type=float, help="Read every source and judge every this many seconds (default: the config's).")
     args = parser.parse_args()
     intervals = ("tick_seconds", "scrape_interval_seconds", "process_interval_seconds", "gpu_interval_seconds")
     config = load(args.config, env={}, flags=dict.fromkeys(intervals, args.cadence) if args.cadence else {})
     for path in args.capture:
-        transitions, phases, cpu_per_tick, ticks, length = transitions_of(path, config, args.cadence)
+        transitions, phases, cpu_per_tick, ticks, length = transitions_of(path, config)
         print(f"capture {Path(path).name}: {length:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")
         print(f"replayed {ticks} ticks: {cpu_per_tick * 1000:.2f} ms of CPU a tick (ingesting its readings, evaluating, the verdicts' bookkeeping above)")
         print("phases: " + ", ".join(f"{name} {lo:.0f}-{hi:.0f} s" for name, lo, hi in phases))

@@ -231,7 +231,7 @@ class Exposition:
         if len(times) < 2:  # asked once (a person's curl): rendered when asked again, not at every tick
             return False
         gap = times[-2] - times[-3] if len(times) == 3 else times[-1] - times[-2]
-        if gap <= 2 * self.tick_seconds:
+        if gap <= self.tick_seconds:  # a scrape at every tick (an HA pair seconds apart is not: it comes due below)
             return True
         due = times[-1] + gap
         # The tick before the scrape is due renders; one a quarter tick after it too (a scrape a little late, or the tick's

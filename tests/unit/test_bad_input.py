@@ -417,13 +417,15 @@ def test_history_is_kept_per_source_only_as_long_as_its_windows_need():
     from vllm_triage.model import GIL_SOURCE
     from vllm_triage.pipeline import Pipeline
 
-    pipeline = Pipeline(load(env={}))
-    for t in range(0, 600, 2):
+    config = load(env={})
+    pipeline = Pipeline(config)
+    step = int(config.scrape_interval_seconds)
+    for t in range(0, 600, step):
         pipeline.feed(reading(float(t), page(1, 0, 0.1, Counters())))
         if t % 60 == 0:
             pipeline.feed(Reading(GIL_SOURCE, float(t), True, {}))
     kept = {source: len(pipeline.store.window(source, 0, 600)) for source in ("vllm", GIL_SOURCE)}
-    assert kept["vllm"] <= (60 + 8) // 2 + 1
+    assert kept["vllm"] <= (60 + 4 * step) // step + 1
     assert kept[GIL_SOURCE] >= 3
 
 
