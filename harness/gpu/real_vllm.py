@@ -578,7 +578,9 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
 
 
 async def record(scenario: Scenario, name: str, out: Path, server: Server) -> None:
-    config = load(env={}, flags={"vllm_url": URL})
+    # Recorded every 2 s, finer than the default cadence: a replay reads them at any longer one (harness/cadence.py).
+    cadence = dict.fromkeys(("scrape_interval_seconds", "process_interval_seconds", "gpu_interval_seconds", "tick_seconds"), 2.0)
+    config = load(env={}, flags={"vllm_url": URL, **cadence})
     marks: list[tuple[str, float]] = []
     description = {
         "scenario": name,
