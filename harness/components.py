@@ -25,6 +25,7 @@ FAST_CADENCE = """
 window_seconds: 10
 scrape_interval_seconds: 1
 tick_seconds: 1
+process_interval_seconds: 2
 gil_interval_seconds: 10
 gil_window_seconds: 3
 """

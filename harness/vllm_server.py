@@ -56,7 +56,8 @@ class VllmServer:
         """Kill it the way the OOM killer would: no goodbye."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+            # it goes at once, unless in an uninterruptible read or write: then when that ends (CI's disk stalled 10 s+)
+            self.process.wait(timeout=60)
 
 
 def paths() -> tuple[Path, Path]:
