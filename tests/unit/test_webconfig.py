@@ -66,6 +66,20 @@ def start_tls_sidecar(tmp_path: Path, web: str, extra: str = "") -> tuple[subpro
             time.sleep(0.3)
 
 
+def stopped_cleanly(process: subprocess.Popen, log: Path) -> None:
+    """SIGTERM, and a clean exit within 30 s; a sidecar still there after that fails the test with where its threads
+    wait (py-spy dump) and its log, then is killed."""
+    process.terminate()
+    try:
+        code = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        dump = subprocess.run([str(BIN / "py-spy"), "dump", "--pid", str(process.pid)], capture_output=True, text=True, timeout=60)
+        process.kill()
+        process.wait(timeout=30)
+        pytest.fail(f"the sidecar did not exit within 30 s of SIGTERM; its threads:\n{dump.stdout}{dump.stderr}\nits log:\n{log.read_text()[-4000:]}")
+    assert code == 0, log.read_text()[-4000:]
+
+
 TLS = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS12\n"
 
 
@@ -85,8 +99,7 @@ def test_tls_and_basic_auth_from_an_exporter_toolkit_web_config(tmp_path):
         with pytest.raises(OSError):  # plain HTTP on the TLS port: no answer
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
 
 
 def test_sighup_reloads_the_web_config_and_the_sidecar_keeps_serving(tmp_path):
@@ -104,8 +117,7 @@ def test_sighup_reloads_the_web_config_and_the_sidecar_keeps_serving(tmp_path):
         assert "SIGHUP: re-reading" in (tmp_path / "sidecar.log").read_text()
         assert process.poll() is None
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
 
 
 def test_an_aborted_tls_handshake_gives_its_slot_back_at_once_and_probes_pass_over_the_cap(tmp_path):
@@ -132,8 +144,7 @@ def test_an_aborted_tls_handshake_gives_its_slot_back_at_once_and_probes_pass_ov
         for client in held:
             client.close()
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
 
 
 def test_connections_that_never_finish_a_tls_handshake_give_their_slots_back(tmp_path):
@@ -153,8 +164,7 @@ def test_connections_that_never_finish_a_tls_handshake_give_their_slots_back(tmp
         assert status == 200
         assert fetch(url + "/metrics", ca)[0] == 200
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
 
 
 @pytest.mark.parametrize(
@@ -220,8 +230,7 @@ def test_a_rotated_certificate_and_new_users_apply_without_a_restart(tmp_path):
         assert fetch(url + "/metrics", new_ca, "prometheus", "s3cret")[0] == 200  # the running settings are kept
         assert "web config changed but is invalid" in (tmp_path / "sidecar.log").read_text()
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
 
 
 def test_a_guesser_cannot_lock_out_the_right_password_and_is_slowed_on_a_lane_of_its_own(tmp_path):
@@ -263,5 +272,4 @@ def test_a_guessed_at_address_still_scrapes_with_the_right_password_over_tls(tmp
         assert fetch(url + "/metrics", ca, "prometheus", "s3cret")[0] == 200  # never verified before: checked, and passes
         assert fetch(url + "/healthz", ca)[0] == 200
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        stopped_cleanly(process, tmp_path / "sidecar.log")
