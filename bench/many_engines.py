@@ -6,7 +6,7 @@ incident page (/report.html) every second. Prints a table; nothing is enforced.
     .venv/bin/python -m bench.many_engines [--engines 1 8 32 64] [--warmup 70] [--seconds 20]
 
 The page is a file served by Python's http.server on loopback; only the vllm source runs, at the
-default cadence (scrape and evaluate every 2 s); the warm-up fills the 60 s window first.
+default cadence (scrape and evaluate every tick_seconds); the warm-up fills the 60 s window first.
 """
 
 from __future__ import annotations

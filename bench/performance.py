@@ -31,7 +31,8 @@ BENCHES = (
     (
         "bench.detection_latency",
         "The default settings replaying the demo capture and the flagship regimes' captures (a real vLLM 0.26.0 on an H200; "
-        "gpu_shared and eager_change on an H100): CPU per tick, and when each verdict changes in each phase.",
+        "gpu_shared and eager_change on an H100), each read as the default cadence reads it: CPU per tick, and when each "
+        "verdict changes in each phase.",
     ),
 )
 

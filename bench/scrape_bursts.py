@@ -2,7 +2,7 @@
 demo capture (`serve --demo`: a tick, ingest and render on the pipeline thread as in a live run) and a
 bare aiohttp server returning the same page. Per burst, 50 scrapers open their connections at one moment
 and make 20 requests each; a burst's p99 is its slowest first requests, one sample of the cycle, so
-bursts repeat across the sidecar's 2 s cycle. Also one scraper back to back for a while. Prints a table;
+bursts repeat across the sidecar's tick. Also one scraper back to back for a while. Prints a table;
 enforces nothing. Needs no vLLM (on the H200: `PYTHONPATH=exporter:. python3 -m bench.scrape_bursts`).
 
     .venv/bin/python -m bench.scrape_bursts [--bursts 20] [--seconds 10]
@@ -97,7 +97,7 @@ def main() -> None:
             for _ in range(args.bursts):  # interleaved: both servers see the same moments of the machine
                 for name, (port, _) in servers.items():
                     bursts[name].append(burst_p99(f"http://127.0.0.1:{port}/metrics"))
-                    time.sleep(0.11)  # bursts fall on every phase of the 2 s cycle
+                    time.sleep(0.11)  # bursts fall on every phase of the tick
         finally:
             for _, process in servers.values():
                 process.terminate()

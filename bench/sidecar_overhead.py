@@ -3,7 +3,7 @@
 
     make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60]
 
-The sidecar runs at its default cadence (scrape and evaluate every 2 s) while 8 clients keep vLLM
+The sidecar runs at its default cadence (scrape and evaluate every tick_seconds) while 8 clients keep vLLM
 busy, scraped every 15 s as Prometheus would while its CPU is measured. Scrapers run in this process on the same machine, so latency includes their client cost;
 it is measured with vLLM busy (all cores contended on a small machine) and again once it is idle.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from vllm_triage.config_loader import load as load_config
 
 from harness import vllm_server
 from harness.components import start_load, start_sidecar
@@ -72,7 +73,7 @@ async def scrape_latencies(
     """Latencies of `scrapers` clients scraping at once, `requests_each` requests each over one kept-alive
     connection. Their first requests open all connections at the same moment (the slowest requests of the
     run); with `connected` that first request is not timed: what a scraper that keeps its connection sees.
-    Back to back, 300 requests of one scraper last a fraction of a second: one moment of the sidecar's 2 s
+    Back to back, 300 requests of one scraper last a fraction of a second: one moment of the sidecar's tick
     cycle (a tick computing, or not). `for_seconds` goes on back to back for that long instead, over many
     ticks, so the tail counts the ticks as often as they occur; with `pause_seconds` between requests they
     sample the cycle too, but each then also pays both processes' wake-up from idle."""
@@ -135,9 +136,10 @@ def main() -> None:
             sidecar.process.wait(timeout=10)
             server.stop()
     cores = psutil.cpu_count()
+    tick = load_config(env={}).tick_seconds
     print(f"machine: {platform.machine()}, {cores} cores, {platform.processor() or 'cpu'}; python {platform.python_version()}")
     print(
-        f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every 2 s, vLLM under 8 clients, scraped every "
+        f"sidecar CPU over {args.seconds:.0f} s (scrape+evaluate every {tick:g} s, vLLM under 8 clients, scraped every "
         f"{args.scrape_interval:g} s as Prometheus would: {len(scrapes)} scrapes, slowest {max(scrapes) * 1000:.2f} ms): {cpu * 100:.2f} % of one core"
     )
     print(f"sidecar RSS: {rss / 1e6:.1f} MB; /metrics body {size} bytes")
