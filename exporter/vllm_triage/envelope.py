@@ -44,7 +44,6 @@ KEPT_SECONDS = 3600.0  # per configuration
 CONFIGURATIONS_MAX = 4  # the newest ones; a rollback finds its old envelope
 COMPARED_SECONDS = 60.0  # the newest points of the configuration in force
 MATCH_SECONDS_MIN = 30.0  # on each side of a comparison
-DEFAULT_TICK_SECONDS = 2.0
 MATCH_TOLERANCE = 0.2  # loads within 20 % of each other are the same load
 PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer prompt alone slows each request
 # A full envelope (4 configurations of an hour) takes ~35 ms to write, on the thread that evaluates and renders: it is
@@ -94,7 +93,7 @@ class Point:
 class Configuration:
     identity: Identity
     first_seen: float
-    points: deque[Point] = field(default_factory=lambda: deque(maxlen=round(KEPT_SECONDS / DEFAULT_TICK_SECONDS)))
+    points: deque[Point] = field(default_factory=deque)  # the envelope bounds it: KEPT_SECONDS of its ticks
 
 
 def _kind(key: str) -> str:
@@ -139,7 +138,7 @@ def identity_of(store: Store, discovery: Discovery) -> Identity | None:
 
 
 class Envelope:
-    def __init__(self, path: str | None = None, tick_seconds: float = DEFAULT_TICK_SECONDS) -> None:
+    def __init__(self, path: str | None, tick_seconds: float) -> None:
         self.path = Path(path) if path else None
         self.points_max = round(KEPT_SECONDS / tick_seconds)
         self.compared_points = max(1, round(COMPARED_SECONDS / tick_seconds))

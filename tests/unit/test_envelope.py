@@ -69,7 +69,7 @@ def test_a_garbled_state_file_is_said_and_the_envelope_starts_again(tmp_path, ca
     for garbage in ("{not json", json.dumps({"version": 1, "configurations": [{"identity": {}, "first_seen": "x", "points": []}]}), json.dumps([1, 2])):
         state.write_text(garbage)
         with caplog.at_level(logging.WARNING, logger="vllm_triage.envelope"):
-            envelope = Envelope(str(state))
+            envelope = Envelope(str(state), tick_seconds=2.0)
         assert envelope.configurations == [] and envelope.changed_at is None
         assert str(state) in caplog.text and "starts again now" in caplog.text
         caplog.clear()
@@ -91,7 +91,7 @@ def test_a_state_file_that_cannot_be_written_is_said_and_judging_goes_on(tmp_pat
 def test_only_the_same_load_and_prompt_length_are_compared():
     """Traffic that changed with the configuration is not blamed on it: after a change, prompts four times as long (each
     request slower for that alone) match nothing before it, and a different number of requests in flight neither."""
-    envelope = Envelope()
+    envelope = Envelope(None, tick_seconds=2.0)
     envelope.configurations = [Configuration({"flag --max-num-seqs": "8"}, 0.0), Configuration({"flag --max-num-seqs": "2"}, 100.0)]
     envelope.changed_at = 100.0
     envelope.configurations[0].points.extend(Point(t, 16.0, 10.0, 0.05, 0.5, 200.0) for t in range(40))
