@@ -27,7 +27,7 @@ from vllm_triage.history.capture import demo_capture_path, read_description, rea
 from vllm_triage.model import Snapshot
 from vllm_triage.pipeline import replay
 
-from harness.cadence import as_read
+from harness.cadence import as_read, every
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # The flagship regimes, each recorded on the H200 beside a real vLLM 0.26.0 (the truth written before each run).
@@ -84,8 +84,7 @@ def main() -> None:
     parser.add_argument("--capture", nargs="+", default=default, help="Captures to replay (default: the demo and the flagship regimes).")
     parser.add_argument("--cadence", type=float, help="Read every source and judge every this many seconds (default: the config's).")
     args = parser.parse_args()
-    intervals = ("tick_seconds", "scrape_interval_seconds", "process_interval_seconds", "gpu_interval_seconds")
-    config = load(args.config, env={}, flags=dict.fromkeys(intervals, args.cadence) if args.cadence else {})
+    config = load(args.config, env={}, flags=every(args.cadence) if args.cadence else {})
     for path in args.capture:
         transitions, phases, cpu_per_tick, ticks, length = transitions_of(path, config)
         print(f"capture {Path(path).name}: {length:.0f} s; window {config.window_seconds:g} s, tick {config.tick_seconds:g} s")

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from vllm_triage.catalog import CATALOG
 from vllm_triage.config import Config
-from vllm_triage.model import Reading
+from vllm_triage.model import GIL_SOURCE, Reading
 
 # A reading counts as the next one at 3/4 of the interval: the recorded ones come a little early or late (2 s +- jitter).
 JITTER_SHARE = 0.75
+
+
+def every(seconds: float) -> dict[str, float]:
+    """Flags that judge and read every source every `seconds`, but py-spy's windows (minutes apart by design)."""
+    return {"tick_seconds": seconds, **{entry.interval_option: seconds for entry in CATALOG if entry.name != GIL_SOURCE}}
 
 
 def as_read(readings: list[Reading], config: Config) -> list[Reading]:

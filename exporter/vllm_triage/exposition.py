@@ -198,12 +198,12 @@ class Exposition:
     """Owns the registry and renders it on the pipeline thread, so that a scrape reads ready bytes.
 
     A format is rendered only once a scraper has asked for it, and then at a tick only when a scrape of it
-    is due before the next tick: Prometheus scrapes every 15-60 s while the tick is 2 s, and rendering every
-    tick was a quarter of the sidecar's CPU. The next scrape is expected one period after the last (for two
+    is due before the next tick: Prometheus scrapes every 15-60 s, several ticks apart, and rendering at every
+    tick was a quarter of the sidecar's CPU (at a 2 s tick). The next scrape is expected one period after the last (for two
     scrapers at different offsets, e.g. an HA pair, after the gap seen two scrapes back). A scrape that
     finds no body for the current snapshot has it rendered then; a stale body is never served."""
 
-    def __init__(self, settings: dict[str, ConditionSettings], tick_seconds: float = 2.0) -> None:
+    def __init__(self, settings: dict[str, ConditionSettings], tick_seconds: float) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector(settings)
         self.registry.register(self.collector)

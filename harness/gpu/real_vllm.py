@@ -29,6 +29,7 @@ from vllm_triage.cli import observe
 from vllm_triage.config_loader import load
 from vllm_triage.history.capture import CaptureWriter
 
+from harness.cadence import every
 from harness.load import Phase, run_load, run_load_processes
 from harness.vllm_server import wait_healthy
 
@@ -579,8 +580,7 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
 
 async def record(scenario: Scenario, name: str, out: Path, server: Server) -> None:
     # Recorded every 2 s, finer than the default cadence: a replay reads them at any longer one (harness/cadence.py).
-    cadence = dict.fromkeys(("scrape_interval_seconds", "process_interval_seconds", "gpu_interval_seconds", "tick_seconds"), 2.0)
-    config = load(env={}, flags={"vllm_url": URL, **cadence})
+    config = load(env={}, flags={"vllm_url": URL, **every(2.0)})
     marks: list[tuple[str, float]] = []
     description = {
         "scenario": name,

@@ -104,7 +104,7 @@ for step in range(16):
     clock[0] = 1000.0 + 2 * step
     pipeline.feed(asyncio.run(toy.collect()))
 snapshot = pipeline.evaluate(clock[0])
-exposition = Exposition(config.conditions)
+exposition = Exposition(config.conditions, config.tick_seconds)
 exposition.update(snapshot)
 metrics = exposition.render(False).decode()
 print(json.dumps({

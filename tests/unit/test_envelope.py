@@ -15,7 +15,7 @@ from vllm_triage.history.capture import read_readings
 from vllm_triage.model import Reading
 from vllm_triage.pipeline import Pipeline
 
-from harness.cadence import as_read
+from harness.cadence import as_read, every
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CAPTURE = DATA / "real-vllm-h100-eager_change.jsonl.gz"
@@ -112,9 +112,7 @@ def test_a_change_is_judged_as_soon_at_a_longer_tick():
     readings = list(read_readings(str(CAPTURE)))
     first_active = {}
     for seconds in (2.0, 4.0):
-        config = load(
-            env={}, flags={"tick_seconds": seconds, "scrape_interval_seconds": seconds, "process_interval_seconds": seconds, "gpu_interval_seconds": seconds}
-        )
+        config = load(env={}, flags=every(seconds))
         active: list[float] = []
         Pipeline(config).replay(as_read(readings, config), lambda s, seen=active: seen.extend([s.timestamp] if state_of(s) == "active" else []))
         assert active, f"no regression_after_change at a {seconds:g} s tick"
