@@ -89,8 +89,11 @@ def _cell(text: str) -> str:
 def _signal_table(entry: SourceEntry) -> list[str]:
     prefix = f"{EXPORTED_PREFIX}{entry.exported_as}"
     lines = ["", f"## {entry.title}", "", _SCOPE_DOCS[entry.scope_kind].format(prefix=prefix), ""]
-    if entry.lookback_seconds:
-        lines += [f"Its window is at least {entry.lookback_seconds:g} s: its readings come that far apart.", ""]
+    if entry.lookback_intervals:
+        lines += [
+            f"Its window is at least {entry.lookback_intervals:g} of its intervals (`{entry.interval_option}`): its readings come that far apart.",
+            "",
+        ]
     lines += ["| signal id | family | extra labels | meaning |", "|---|---|---|---|"]
     for s in entry.signals:
         extra = ", ".join(f'{k}="{v}"' for k, v in s.extra_labels)

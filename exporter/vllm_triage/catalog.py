@@ -36,7 +36,7 @@ class SourceEntry:
     interval_option: str  # the option of its cadence: the config's own or one of `options`
     title: str  # its signal table's title in docs/reference.md
     scope_labels: tuple[str, ...] = ()
-    lookback_seconds: float = 0.0  # its window (and history) is at least this long
+    lookback_intervals: float = 0.0  # its window (and history) reaches back at least this many of its own intervals
     # The families of its last reading exported as read (vllm_triage_<family>, like dcgm-exporter), each with its help;
     # every one begins with the source's name.
     latest_help: Mapping[str, str] = field(default_factory=dict)
@@ -149,7 +149,7 @@ class GpuOptions:
 class GilOptions:
     # py-spy reads vLLM's memory without pausing it (nonblocking): a window cost a CPU-bound real engine nothing
     # measurable while open, where blocking cost it 2-7 % (README, bench/real_engine.py gil_window).
-    gil_interval_seconds: float = option(120.0, number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
+    gil_interval_seconds: float = option(300.0, number(5.0), "How often to sample the GIL of the engine core and the API server with py-spy.", "S")
     gil_window_seconds: float = option(3.0, number(0.5), "Length of each py-spy window (one process at a time).", "S")
     gil_rate: int = option(20, number(1, 1000, integer=True), "py-spy samples per second.", "HZ")
     gil_nonblocking: bool = option(
@@ -174,7 +174,7 @@ CATALOG: tuple[SourceEntry, ...] = (
         options=ProcessOptions,
     ),
     SourceEntry(GPU_SOURCE, GPU_SIGNALS, "gpu", "gpu_window_", "gpu_interval_seconds", "GPU signals", ("gpu",), latest_help=_GPU_HELP, options=GpuOptions),
-    # py-spy windows come minutes apart: the latest one stays evidence for 3 minutes
+    # py-spy windows come minutes apart: the latest one stays evidence until the next has come (a window is seconds long)
     SourceEntry(
         GIL_SOURCE,
         GIL_SIGNALS,
@@ -182,7 +182,7 @@ CATALOG: tuple[SourceEntry, ...] = (
         "process_window_",
         "gil_interval_seconds",
         "GIL (py-spy) signals",
-        lookback_seconds=180.0,
+        lookback_intervals=1.25,
         latest_help=_GIL_HELP,
         options=GilOptions,
     ),
@@ -200,6 +200,12 @@ class _Cadences(Protocol):
     def stale_after_seconds(self) -> float | None: ...
 
     def value(self, key: str) -> Any: ...
+
+
+def lookbacks(config: _Cadences) -> dict[str, float]:
+    """Per source that reads far apart: the least window its signals are computed over (`lookback_intervals` of its
+    cadence)."""
+    return {e.name: e.lookback_intervals * float(config.value(e.interval_option)) for e in CATALOG if e.lookback_intervals}
 
 
 def stale_after(config: _Cadences) -> dict[str, float]:

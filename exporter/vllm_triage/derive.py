@@ -44,10 +44,12 @@ GLOBAL_SIGNALS = (
 @dataclass(frozen=True)
 class DeriveSettings:
     """What deriving needs of the config: a max_num_seqs set by hand (else vLLM's own, read from its processes or
-    metrics) and, per source, how long a failing source's readings stay evidence (15 s where unset)."""
+    metrics) and, per source, how long a failing source's readings stay evidence (15 s where unset) and the least
+    window its signals are computed over (its readings come that far apart; catalog.lookbacks)."""
 
     max_num_seqs: int | None = None
     stale_after: Mapping[str, float] = field(default_factory=dict)
+    lookback: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Derived:
     fresh: dict[str, bool]  # up, or failing for less than its stale_after: its window's readings are still evidence
     discovery: Discovery
     global_signals: dict[str, float | None]
+    lookback: Mapping[str, float] = field(default_factory=dict)
     _cache: dict[tuple[str, float], ScopedSignals] = field(default_factory=dict)
     _views: dict[tuple[str, float], WindowView] = field(default_factory=dict)
     _group_cache: dict[tuple[Scope, float], dict[str, float | None]] = field(default_factory=dict)  # (gpus: scope, window)
@@ -72,7 +75,7 @@ class Derived:
         """scope -> signals for one source and window (at least its lookback), the aggregate under
         AGGREGATE_SCOPE."""
         spec = CATALOG_BY_NAME[source]
-        window = max(window, spec.lookback_seconds)
+        window = max(window, self.lookback.get(source, 0.0))
         if (source, window) not in self._cache:
             view = self._view(source, window)
             facts = self.discovery.facts()
@@ -107,7 +110,7 @@ class Derived:
     def _gpu_group_signals(self, window: float, gpus: tuple[Scope, ...]) -> dict[str, float | None]:
         """The GPU signals over several GPUs (one engine's), as its aggregate would be over them alone."""
         spec = CATALOG_BY_NAME[GPU_SOURCE]
-        window = max(window, spec.lookback_seconds)
+        window = max(window, self.lookback.get(GPU_SOURCE, 0.0))
         scope = gpu_group_scope(gpus)
         if (scope, window) not in self._group_cache:
             self._group_cache[(scope, window)] = compute_signals(self._view(GPU_SOURCE, window), scope, self.discovery.facts(), spec.signals)
@@ -170,7 +173,7 @@ def derive(store: Store, now: float, settings: DeriveSettings) -> Derived:
         "vllm_tensor_parallel_size": float(1 + max(r["tp_rank"] for r in ranks)) if ranks else None,
         "vllm_parallel_engines": float(len({r["dp_rank"] for r in ranks})) if ranks else None,
     }
-    return Derived(store, now, sources, health, fresh, found, global_signals)
+    return Derived(store, now, sources, health, fresh, found, global_signals, settings.lookback)
 
 
 def _api_server_seen(store: Store, found: Discovery, fresh: bool, now: float) -> tuple[float | None, float | None]:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .catalog import CATALOG, stale_after
+from .catalog import lookbacks, stale_after
 from .config import Config
 from .derive import DeriveSettings, derive
 from .diagnosis.engine import Engine
@@ -27,14 +27,15 @@ class Pipeline:
         else:
             sources, absent = tuple(sorted({r.source for r in captured})), "not in the recorded readings (the capture, or Prometheus' history)"
         self.engine = Engine(config.conditions, config.window_seconds, sources=sources, absent_reason=absent)
-        self.derive_settings = DeriveSettings(config.max_num_seqs, stale_after(config))
+        lookback = lookbacks(config)
+        self.derive_settings = DeriveSettings(config.max_num_seqs, stale_after(config), lookback)
         # A capture's envelope is its own: only the live sidecar keeps one across its restarts.
         self.envelope = Envelope(config.envelope_file if captured is None else None, config.tick_seconds)
         # Keep a little more than the longest window so edge frames are always present; sources that
         # look further back (py-spy's windows come minutes apart) keep their lookback, only they (every
         # vLLM page for 3 minutes cost 3x the memory).
         margin = 4 * config.scrape_interval_seconds
-        horizons = {spec.name: max(self.engine.horizon_seconds, spec.lookback_seconds) + margin for spec in CATALOG if spec.lookback_seconds}
+        horizons = {name: max(self.engine.horizon_seconds, seconds) + margin for name, seconds in lookback.items()}
         self.store = Store(horizon_seconds=self.engine.horizon_seconds + margin, horizons=horizons)
         self.tick_seconds = config.tick_seconds
         self.reach_seconds = max(self.store.horizon_seconds, *horizons.values())  # how far back any window looks

@@ -579,8 +579,9 @@ async def drive(scenario: Scenario, name: str, out: Path, marks: list[tuple[str,
 
 
 async def record(scenario: Scenario, name: str, out: Path, server: Server) -> None:
-    # Recorded every 2 s, finer than the default cadence: a replay reads them at any longer one (harness/cadence.py).
-    config = load(env={}, flags={"vllm_url": URL, **every(2.0)})
+    # Recorded every 2 s and py-spy every 120 s, finer than the default cadence: a replay reads them at any longer one
+    # (harness/cadence.py).
+    config = load(env={}, flags={"vllm_url": URL, **every(2.0), "gil_interval_seconds": 120.0})
     marks: list[tuple[str, float]] = []
     description = {
         "scenario": name,

@@ -412,7 +412,7 @@ def test_model_names_that_change_every_scrape_cost_about_what_stable_names_cost(
 
 
 def test_history_is_kept_per_source_only_as_long_as_its_windows_need():
-    """vLLM pages for the longest window (60 s + a few scrapes), py-spy windows for their 3-minute lookback:
+    """vLLM pages for the longest window (60 s + a few scrapes), py-spy windows for their lookback (minutes):
     keeping every page as long as the py-spy lookback tripled the memory under label churn."""
     from vllm_triage.model import GIL_SOURCE
     from vllm_triage.pipeline import Pipeline

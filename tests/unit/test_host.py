@@ -12,8 +12,8 @@ import time
 from vllm_triage.config_loader import load
 from vllm_triage.derive import DeriveSettings
 from vllm_triage.diagnosis.engine import Engine
-from vllm_triage.model import PROCESS_SOURCE, Reading, make_labels
-from vllm_triage.pipeline import evaluate
+from vllm_triage.model import GIL_SOURCE, PROCESS_SOURCE, Reading, make_labels
+from vllm_triage.pipeline import Pipeline, evaluate
 from vllm_triage.scope import HOST_SCOPE
 from vllm_triage.sources.process import ProcessSource
 from vllm_triage.store import Store
@@ -90,6 +90,24 @@ def test_gpu_starved_names_the_saturated_thread():
     texts = [e.text for e in v.evidence]
     assert any('engine_core 0 (pid 7): busiest thread "VLLM::EngineCor" (main thread) at 0.97' in t for t in texts)
     assert snapshot.signals[HOST_SCOPE]["host_engine_core_cpu_cores"] is not None
+
+
+def test_a_py_spy_window_stays_evidence_until_the_next_one():
+    """py-spy windows come gil_interval_seconds apart (minutes): the latest one's GIL share is what gpu_starved and the
+    causes read until the next has come, at any interval set, and not forever after py-spy stops."""
+    core = make_labels({"role": "engine_core"})
+    for interval in (300.0, 120.0):
+        pipeline = Pipeline(load(env={}, flags={"gil_interval_seconds": interval}))
+        c = Counters()
+        held: dict[float, float | None] = {}
+        for t in range(0, 800, 4):
+            c.generation_tokens += 64
+            pipeline.feed(reading(float(t), page(8, 0, 0.3, c)))
+            if t == 100:  # one window, then py-spy stops (no permission any more, say)
+                pipeline.feed(Reading(GIL_SOURCE, float(t), True, {("gil_held_ratio", core): 0.9}))
+            held[float(t)] = pipeline.evaluate(float(t)).signals[HOST_SCOPE].get("host_engine_core_gil_held_ratio")
+        assert held[100.0 + interval] == 0.9, f"gone before the next window was due at {interval:g} s"
+        assert held[100.0 + 1.4 * interval] is None, f"still evidence {1.4 * interval:g} s later"
 
 
 def test_gpu_not_starved_when_the_gpu_computes():
