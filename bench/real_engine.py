@@ -311,13 +311,21 @@ def latencies(url: str) -> dict[str, float]:
     }
 
 
-FOOTPRINT = """
+_RSS = """
 import json, os, sys
 def rss():
     pages = open("/proc/self/statm").read().split()
     resident, shared = (int(pages[i]) * os.sysconf("SC_PAGE_SIZE") / 1e6 for i in (1, 2))
     return {"rss": resident, "files": shared}
 steps = {"python": rss()}
+"""
+# The libraries the house names (asyncio and aiohttp for HTTP, prometheus_client, psutil, yaml), then the sidecar's own
+# code: what part of its RSS the libraries are, beside nvitop-exporter's imports in the same Python.
+FOOTPRINT = (
+    _RSS
+    + """
+import asyncio, aiohttp.web, prometheus_client, psutil, yaml
+steps["the libraries (asyncio, aiohttp, prometheus_client, psutil, yaml)"] = rss()
 import vllm_triage.cli
 steps["the sidecar's imports"] = rss()
 import pynvml
@@ -331,11 +339,23 @@ source.collect()
 steps["second collection"] = rss()
 print(json.dumps(steps))
 """
+)
+NVITOP_FOOTPRINT = (
+    _RSS
+    + """
+import nvitop_exporter.__main__
+steps["nvitop-exporter's imports"] = rss()
+import pynvml
+pynvml.nvmlInit()
+steps["nvmlInit"] = rss()
+print(json.dumps(steps))
+"""
+)
 
 
-def footprint() -> dict[str, dict[str, float]]:
+def footprint(code: str = FOOTPRINT, env: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
     """RSS (MB, and of it mapped files: libraries) of a fresh Python as the sidecar's parts load: where its memory goes before it reads anything."""
-    done = subprocess.run([sys.executable, "-c", FOOTPRINT], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     steps = json.loads(done.stdout.strip().splitlines()[-1]).items()
     return {step: {part: round(mb, 1) for part, mb in parts.items()} for step, parts in steps}
 
@@ -432,6 +452,7 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], 
             finally:
                 stop(floor)
         summary["footprint_rss_mb"] = footprint()
+        summary["footprint_nvitop_exporter_rss_mb"] = footprint(NVITOP_FOOTPRINT, env)
         stop(sidecar)
         if not gpu_only_too:
             return summary
