@@ -6,7 +6,7 @@ harness/gpu/stage_vllm.sh's payload is unpacked; see harness/gpu/device_vllm.sh)
     python3 -m bench.real_engine OUT_DIR gil_ab [PAIRS [SETTING=VALUE...]]   the default's cost head-on (goal: < 2 %)
     python3 -m bench.real_engine OUT_DIR cost [full-only] [cpu-only] [profile] [windows=N] [SETTING=VALUE...]  the
                                                           sidecar beside nvitop-exporter, one run, same load (cpu-only:
-                                                          the CPU windows alone, no latency, floor or footprint;
+                                                          the CPU and RSS windows and the footprint, no latency or floor;
                                                           profile: py-spy records the sidecar over the windows)
     python3 -m bench.real_engine OUT_DIR bursts [ROUNDS]   bursts of 50 new connections under load, the sidecar
                                                           and a bare aiohttp server with its page taking turns
@@ -437,6 +437,8 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], 
         if profiler is not None:
             profiler.wait(timeout=60)
             summary["sidecar_profile"] = profile_summary(out / "sidecar-profile.txt")
+        summary["footprint_rss_mb"] = footprint()
+        summary["footprint_nvitop_exporter_rss_mb"] = footprint(NVITOP_FOOTPRINT, env)
         if cpu_only:
             return summary
         summary["latency_sidecar_all_defaults"] = latencies(sidecar_url)
@@ -451,8 +453,6 @@ def cost(out: Path, gpu_only_too: bool, windows: int, settings: dict[str, str], 
                 summary[f"latency_{name}_same_page"] = latencies(f"http://127.0.0.1:{FLOOR_PORT}/metrics")
             finally:
                 stop(floor)
-        summary["footprint_rss_mb"] = footprint()
-        summary["footprint_nvitop_exporter_rss_mb"] = footprint(NVITOP_FOOTPRINT, env)
         stop(sidecar)
         if not gpu_only_too:
             return summary
