@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from vllm_triage.catalog import CATALOG
 from vllm_triage.config import Config
-from vllm_triage.model import GIL_SOURCE, Reading
+from vllm_triage.model import Reading
 
 # A reading counts as the next one at 3/4 of the interval: the recorded ones come a little early or late (2 s +- jitter).
 JITTER_SHARE = 0.75
 
 
 def every(seconds: float) -> dict[str, float]:
-    """Flags that judge and read every source every `seconds`, but py-spy's windows (minutes apart by design)."""
-    return {"tick_seconds": seconds, **{entry.interval_option: seconds for entry in CATALOG if entry.name != GIL_SOURCE}}
+    """Flags that judge and read every source every `seconds`, but those read minutes apart by design (a lookback of
+    their own: py-spy's windows)."""
+    return {"tick_seconds": seconds, **{entry.interval_option: seconds for entry in CATALOG if not entry.lookback_intervals}}
 
 
 def as_read(readings: list[Reading], config: Config) -> list[Reading]:
