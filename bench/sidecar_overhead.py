@@ -1,11 +1,13 @@
 """Sidecar overhead against a real vLLM (CPU build): CPU as a share of one core, RSS, and
 /metrics latency with 1 and 50 concurrent scrapers. Prints a table; nothing is enforced.
 
-    make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60]
+    make bench        # or: .venv/bin/python -m bench.sidecar_overhead [--seconds 60] [--beside SECONDS]
 
 The sidecar runs at its default cadence (scrape and evaluate every tick_seconds) while 8 clients keep vLLM
 busy, scraped every 15 s as Prometheus would while its CPU is measured. Scrapers run in this process on the same machine, so latency includes their client cost;
 it is measured with vLLM busy (all cores contended on a small machine) and again once it is idle.
+--beside SECONDS runs a second sidecar beside it that reads and judges every SECONDS, measured in the same window
+(what the default cadence saves or costs against another, on the same load at the same time).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -27,6 +30,7 @@ import psutil
 from vllm_triage.config_loader import load as load_config
 
 from harness import vllm_server
+from harness.cadence import every
 from harness.components import start_load, start_sidecar
 
 
@@ -108,19 +112,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0, help="CPU measurement window")
     parser.add_argument("--scrape-interval", type=float, default=15.0, help="a Prometheus scrape this often during the CPU window")
+    parser.add_argument("--beside", type=float, help="also a sidecar reading and judging every this many seconds, measured in the same window")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = vllm_server.start(Path(tmp) / "vllm.log")
         load = start_load(server.url, clients=8, prompt_words=100, max_tokens=200)
         sidecar = start_sidecar(Path(tmp), server.url, "log_level: warning\n")
+        other = None
+        if args.beside:
+            (Path(tmp) / "beside").mkdir()
+            flags = "".join(f"{key}: {value}\n" for key, value in every(args.beside).items())
+            other = start_sidecar(Path(tmp) / "beside", server.url, "log_level: warning\n" + flags)
         try:
-            process = psutil.Process(sidecar.process.pid)
+            processes = [psutil.Process(s.process.pid) for s in (sidecar, other) if s is not None]
             time.sleep(10)  # a few windows' worth of state
-            cpu_before, wall_before = process.cpu_times(), time.monotonic()
+            cpu_before, wall_before = [p.cpu_times() for p in processes], time.monotonic()
+            scrapers = [threading.Thread(target=prometheus_like_scrapes, args=(other.url + "/metrics", args.seconds, args.scrape_interval))] if other else []
+            for scraper in scrapers:
+                scraper.start()
             scrapes = prometheus_like_scrapes(sidecar.url + "/metrics", args.seconds, args.scrape_interval)
-            cpu_after, wall_after = process.cpu_times(), time.monotonic()
-            cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (wall_after - wall_before)
-            rss = process.memory_info().rss
+            for scraper in scrapers:
+                scraper.join()
+            wall = time.monotonic() - wall_before
+            cpu, *beside_cpu = [(a.user + a.system - b.user - b.system) / wall for a, b in zip([p.cpu_times() for p in processes], cpu_before, strict=True)]
+            rss, *beside_rss = [p.memory_info().rss for p in processes]
+            if other is not None:
+                other.process.terminate()
+                other.process.wait(timeout=10)
             latencies = {
                 "1 scraper, vLLM busy": asyncio.run(scrape_latencies(sidecar.url + "/metrics", 1, 0, for_seconds=20)),
                 "50 scrapers, vLLM busy": asyncio.run(scrape_latencies(sidecar.url + "/metrics", 50, 20)),
@@ -132,8 +150,10 @@ def main() -> None:
             size = len(asyncio.run(fetch(sidecar.url + "/metrics")))
         finally:
             load.stop()
-            sidecar.process.terminate()
-            sidecar.process.wait(timeout=10)
+            for started in (sidecar, other):
+                if started is not None and started.process.poll() is None:
+                    started.process.terminate()
+                    started.process.wait(timeout=10)
             server.stop()
     cores = psutil.cpu_count()
     tick = load_config(env={}).tick_seconds
@@ -143,6 +163,9 @@ def main() -> None:
         f"{args.scrape_interval:g} s as Prometheus would: {len(scrapes)} scrapes, slowest {max(scrapes) * 1000:.2f} ms): {cpu * 100:.2f} % of one core"
     )
     print(f"sidecar RSS: {rss / 1e6:.1f} MB; /metrics body {size} bytes")
+    if beside_cpu:
+        percent, share, megabytes = beside_cpu[0] * 100, beside_cpu[0] / cpu, beside_rss[0] / 1e6
+        print(f"beside it in the same window, every cadence at {args.beside:g} s: {percent:.2f} % of one core ({share:.2f}x), RSS {megabytes:.1f} MB")
     for name, values in latencies.items():
         print(f"/metrics latency, {name} ({len(values)} requests): p50 {statistics.median(values) * 1000:.2f} ms, p99 {percentile(values, 0.99) * 1000:.2f} ms")
 

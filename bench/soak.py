@@ -9,8 +9,8 @@ Samples the sidecar's RSS over time; the goal is a flat line after warm-up, boun
 memory over time without churn, the baseline the churning runs are read against.
 
 The fake vLLM is an aiohttp server on loopback in this process; the sidecar runs the vllm source at a
-0.5 s scrape interval by default (8x the default), so label sets churn eight times as fast as a real one would;
-the store then keeps eight times the pages of the default 4 s (`--scrape-interval 4`: the default's memory).
+0.5 s scrape interval by default (10x the default), so label sets churn ten times as fast as a real one would;
+the store then keeps ten times the pages of the default 5 s (`--scrape-interval 5`: the default's memory).
 """
 
 from __future__ import annotations

@@ -112,13 +112,13 @@ _GPU_HELP = {
 
 @dataclass(frozen=True)
 class ProcessOptions:
-    process_interval_seconds: float = option(4.0, number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S")
+    process_interval_seconds: float = option(5.0, number(0.5), "How often to sample vLLM's processes' CPU (new processes are looked for every 30 s).", "S")
     process_title_prefix: str = option("VLLM", text, "vLLM's VLLM_PROCESS_NAME_PREFIX (process titles VLLM::EngineCore...).", "PREFIX")
 
 
 @dataclass(frozen=True)
 class GpuOptions:
-    gpu_interval_seconds: float = option(4.0, number(0.1), "How often to read the GPUs (GPM covers each interval whole).", "S")
+    gpu_interval_seconds: float = option(5.0, number(0.1), "How often to read the GPUs (GPM covers each interval whole).", "S")
     gpus: tuple[str, ...] | None = option(None, optional(gpu_list), "GPUs to watch (indices or UUIDs); default: those vLLM's processes use.", "LIST")
     gpus_file: str | None = option(
         None,

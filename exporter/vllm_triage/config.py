@@ -76,7 +76,7 @@ class Config:
     web_config_file: str | None = option(
         None, optional(text), "Web-config file in the exporter-toolkit format: TLS and basic auth on the listener (read at start).", "FILE"
     )
-    scrape_interval_seconds: float = option(4.0, number(0.1), "How often to scrape vLLM's /metrics.", "S")
+    scrape_interval_seconds: float = option(5.0, number(0.1), "How often to scrape vLLM's /metrics.", "S")
     scrape_timeout_seconds: float = option(5.0, number(0.1), "Give up on a vLLM scrape after this long.", "S")
     connect_timeout_seconds: float = option(2.0, number(0.1), "Give up connecting to vLLM after this long.", "S")
     max_page_bytes: int = option(10 * 1024 * 1024, number(1024, integer=True), "Refuse /metrics pages larger than this.", "BYTES")
@@ -95,7 +95,7 @@ class Config:
         "longer outages make dependent conditions unknown. Default: 3 collection intervals, at least 15 s.",
         "S",
     )
-    tick_seconds: float = option(4.0, number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S")
+    tick_seconds: float = option(5.0, number(0.1), "How often conditions are evaluated and /metrics re-rendered.", "S")
     window_seconds: float = option(60.0, number(2.0), "Default window W for signals and conditions.", "S")
     max_num_seqs: int | None = option(
         None,

@@ -303,7 +303,7 @@ def scrape_timeline(offsets: list[float], period: float, seconds: float, tick: f
 
 
 def test_a_format_is_rendered_at_the_ticks_before_its_scrapes_are_due():
-    # Prometheus every 15 s, ticks every 4 s (150 in 600 s): after the first three scrapes, each finds its body
+    # Prometheus every 15 s, ticks every 5 s (120 in 600 s): after the first three scrapes, each finds its body
     # ready, rendered at the one tick before it was due (or a quarter tick after); whatever the scrapes' offset.
     for offset in (0.7, 0.1, 1.9):
         renders, scrapes, ready = scrape_timeline([offset], 15.0, 600.0)

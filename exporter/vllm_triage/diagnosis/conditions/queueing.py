@@ -268,10 +268,11 @@ QUEUE_BACKLOG = Condition(
     ),
     causes=("kv_capacity", "gpu_compute", "concurrency_cap", "token_budget", "gpu_bandwidth", "scheduler_bound", "api_server", "deferred", "unknown"),
     # The window share already asks for 36 s of queueing in the last minute; the `for` adds persistence on top, so a
-    # queue that never empties is reported 0.6 W + 16 s after it formed, at the first 4 s tick after that (52-56 s;
-    # 44-58 s after the load on the H200 captures read at 4 s: bench.detection_latency --cadence 4). 20 s put the
-    # compute_limit capture's queue at 62 s; 30 s added no verdict that 20 s does not.
-    for_seconds=16,
+    # queue that never empties is reported 0.6 W + 15 s after it formed, at the first 5 s tick after that (51-56 s; the
+    # H200 captures read at 5 s: bench.detection_latency). A `for` a whole number of ticks: 16 s was 20 at a 5 s tick
+    # and put the compute_limit capture's queue at 60 s; 20 s put it at 62 s at 4 s; 30 s added no verdict that 20 s
+    # does not.
+    for_seconds=15,
 )
 
 
