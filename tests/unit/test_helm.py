@@ -717,6 +717,18 @@ def test_keda_scales_vllm_on_the_sidecars_headroom_only_when_asked():
     assert one(render({"autoscaling": {"keda": keda}}), "ScaledObject")["spec"]["fallback"]["replicas"] == 2
 
 
+def test_the_chart_profiles_at_the_sidecars_own_py_spy_defaults():
+    """What the chart ships costs what the sidecar's defaults were measured to cost: py-spy's CPU is its start, so a
+    chart that ran it five times as often as the sidecar would cost five times the measured figure."""
+    profiler = yaml.safe_load((CHART / "values.yaml").read_text())["profiler"]
+    defaults = GilOptions()
+    assert (profiler["intervalSeconds"], profiler["windowSeconds"], profiler["rate"]) == (
+        defaults.gil_interval_seconds,
+        defaults.gil_window_seconds,
+        defaults.gil_rate,
+    )
+
+
 @pytest.mark.parametrize("readme", [CHART / "README.md", ROOT / "README.md"])
 def test_the_readmes_quote_the_profiler_defaults_the_chart_ships(readme):
     profiler = yaml.safe_load((CHART / "values.yaml").read_text())["profiler"]
