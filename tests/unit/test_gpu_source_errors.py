@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import textwrap
 import time
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -291,3 +293,31 @@ def test_a_sidecar_started_before_vllm_narrows_to_vllms_gpus_once_they_are_known
     listed.unlink()
     clock["t"] += 60
     assert set(series(source.collect(), "gpu_utilization_ratio")) == {"2"}  # a decided choice stays
+
+
+def test_what_nvmls_start_frees_goes_back_to_the_system():
+    """libnvidia-ml's start mallocs and frees megabytes; glibc keeps freed heap pages beneath a block still held, and
+    Python never asks malloc for them again, so the sidecar would carry them for its whole life (about 10 MB on an H100).
+    Here the stand-in's nvmlInit leaves 32 MB freed that way, in a fresh interpreter."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import psutil
+        sys.path.insert(0, sys.argv[1])
+        import test_gpu_source_errors as here
+        module = here.fake_nvml(count=1)
+        kept = []
+        def init():
+            scratch = [bytes(4000) + bytes([i % 256]) for i in range(8000)]
+            kept.extend(bytes(4000) for _ in range(10))
+            del scratch
+        module.nvmlInit = init
+        sys.modules["pynvml"] = module
+        from vllm_triage.sources.gpu import GpuSource
+        before = psutil.Process().memory_info().rss
+        assert GpuSource().collect().ok
+        print((psutil.Process().memory_info().rss - before) / 2**20)
+        """
+    )
+    grown_mb = float(subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], capture_output=True, text=True, check=True).stdout)
+    assert grown_mb < 8, f"the sidecar kept {grown_mb:.0f} MB that NVML's start had freed"
