@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -91,14 +92,35 @@ class Sidecar:
         pytest.fail(f"{what}: not seen within {timeout:.0f} s; conditions: {states}{detail}")
 
 
-def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str) -> Sidecar:
-    config = tmp_path / "sidecar.yaml"
+# The chart's sidecar user (uid 10001) with no capability at all, as Pod Security "restricted" runs it. Its Python is the
+# system's (the venv's interpreter lives under root's home, which another user cannot enter), with the venv's packages.
+UNPRIVILEGED = ("setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def unprivileged_sidecar_command() -> list[str]:
+    """`vllm-triage` as uid 10001 without capabilities; fails the test where that cannot run here."""
+    site = next((BIN.parent / "lib").glob("python3.*/site-packages"))
+    version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(f'python{sys.version_info[0]}.{sys.version_info[1]}')"], capture_output=True, text=True)
+    if version.stdout.strip() != site.parent.name:
+        pytest.fail(f"{SYSTEM_PYTHON} is {version.stdout.strip() or version.stderr.strip()}, the venv's packages are for {site.parent.name}")
+    path = f"{REPO / 'exporter'}:{site}"
+    return ["env", f"PYTHONPATH={path}", *UNPRIVILEGED, SYSTEM_PYTHON, "-c", "import sys; from vllm_triage.cli import main; sys.exit(main())"]
+
+
+def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str, unprivileged: bool = False) -> Sidecar:
+    """The sidecar on `config_text`; `unprivileged`: as uid 10001 with no capability (its config where that user reads)."""
+    home = Path(tempfile.mkdtemp(prefix="vllm-triage-")) if unprivileged else tmp_path
+    home.chmod(0o755)
+    config = home / "sidecar.yaml"
     config.write_text(config_text)
+    config.chmod(0o644)
     port = vllm_server.free_port()
     log_path = tmp_path / "sidecar.log"
     log = open(log_path, "wb")
+    command = unprivileged_sidecar_command() if unprivileged else [str(BIN / "vllm-triage")]
     process = subprocess.Popen(
-        [str(BIN / "vllm-triage"), "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],
+        [*command, "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],
         stdout=log,
         stderr=subprocess.STDOUT,
     )

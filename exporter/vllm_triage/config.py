@@ -103,6 +103,13 @@ class Config:
         "vLLM's --max-num-seqs; default: read from vLLM's command line when visible, else vLLM's default.",
         "N",
     )
+    vllm_startup_seconds: float | None = option(
+        None,
+        optional(number(1.0)),
+        "How long vLLM may load its model before its first answer without being unreachable (the chart passes its "
+        "vllm.startupSeconds): the default of vllm_unreachable's startup_grace_seconds and startup_grace_no_process_seconds.",
+        "S",
+    )
     sources: tuple[str, ...] = option(
         ("vllm", "process", "gpu", "gil"),
         _source_list,

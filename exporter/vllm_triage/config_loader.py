@@ -22,7 +22,9 @@ from .options import SCHEMAS, ConfigError, bad, boolean, number
 CONDITION_KEYS = ("enabled", "for_seconds", "clear_for_seconds", "window_seconds")
 
 
-def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionSettings]:
+def _condition_settings(raw: Any, options: Mapping[str, Any]) -> dict[str, ConditionSettings]:
+    """Each condition's defaults (a threshold that follows an option takes its value where set), then its overrides."""
+    window_seconds = options["window_seconds"]
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
@@ -37,6 +39,7 @@ def _condition_settings(raw: Any, window_seconds: float) -> dict[str, ConditionS
         if not isinstance(overrides, Mapping):
             raise bad(f"conditions.{condition.id}", overrides, "expected a mapping of threshold or duration to value")
         thresholds = dict(base.thresholds)
+        thresholds.update({t.name: options[t.option] for t in condition.thresholds if t.option is not None and options[t.option] is not None})
         by_name = {t.name: t for t in condition.thresholds}
         values: dict[str, Any] = {}
         for key, value in overrides.items():
@@ -130,7 +133,7 @@ def load(config_file: str | None = None, env: Mapping[str, str] | None = None, f
         values[declared.key] = declared.parse(declared.key, raw[declared.key]) if declared.key in raw else declared.default
     # a source's options check themselves together (e.g. gpu_source: dcgm needs dcgm_url)
     sources = {kind: kind(**{f.name: values.pop(f.name) for f in fields(kind)}) for kind in SOURCE_OPTION_KINDS}
-    return Config(**values, conditions=_condition_settings(file_conditions, values["window_seconds"]), source_options=sources)
+    return Config(**values, conditions=_condition_settings(file_conditions, values), source_options=sources)
 
 
 def _shown(default: object) -> str:

@@ -44,18 +44,29 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def default_max_num_seqs(version: str | None) -> tuple[int, str]:
-    """vLLM's default max_num_seqs for the OpenAI server. Since ~0.9 vLLM raises it to 1024 on GPUs
-    with >= 70 GiB other than A100 (arg_utils._set_default_args); the sidecar cannot see the GPU
-    size from /metrics, so it assumes 256 and says so."""
-    if version is None:
-        return 256, "vLLM's usual default (version unknown); set max_num_seqs in the config to be sure"
-    if _version_tuple(version) >= (0, 9):
-        return (
-            256,
-            f"vLLM {version}'s default on GPUs under 70 GiB (1024 on H100/H200-class GPUs); set max_num_seqs in the config to be sure",
-        )
-    return 256, f"vLLM {version}'s default"
+GIB = 2**30
+
+
+def default_max_num_seqs(version: str | None, gpu_memory_bytes: float | None = None, gpu_name: str | None = None) -> tuple[int, str]:
+    """vLLM's default max_num_seqs for the OpenAI server, as that version takes it on that GPU, and why. From 0.9 on
+    (EngineArgs' defaults; `_set_default_max_num_seqs_and_batched_tokens_args` in 0.32 and 0.33): 1024 on GPUs of 70 GiB
+    or more other than the A100 (0.33 also leaves out the GB10), and from 0.32 on any GPU of 160 GiB or more; 256 on
+    other GPUs; 128 x the world size on the CPU build. Before 0.9: 256. The GPU is NVML's (its memory and name)."""
+    parsed = _version_tuple(version) if version else None
+    if parsed is not None and parsed < (0, 9):
+        return 256, f"vLLM {version}'s default"
+    which = f"vLLM {version}'s" if version else "current vLLM's (version unknown)"
+    if gpu_memory_bytes is None:
+        return 256, f"{which} default on GPUs under 70 GiB; 1024 on H100/H200-class GPUs, and the sidecar has read no GPU"
+    gib, name = gpu_memory_bytes / GIB, gpu_name or "GPU"
+    newer = parsed is None or parsed >= (0, 32)
+    excluded = "A100" in name.upper() or ((parsed is None or parsed >= (0, 33)) and "GB10" in name.upper().replace(" ", ""))
+    large = (gib >= 70 and not excluded) or (newer and gib >= 160)
+    if large:
+        rule = "70 GiB or more other than the A100" + (", or of 160 GiB or more" if newer else "")
+        return 1024, f"{which} default on a {name} of {gib:.0f} GiB: 1024 on GPUs of {rule}"
+    why = f"the {'A100' if 'A100' in name.upper() else 'GB10'} is left out of the larger default" if excluded else "under 70 GiB"
+    return 256, f"{which} default on a {name} of {gib:.0f} GiB: {why}"
 
 
 def _bounded(value: Any) -> int | None:
@@ -305,6 +316,8 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     found = process.process_meta() if process is not None else ProcessMeta()
     args = dict(found.get("api_server_args", {}))
     processes = tuple(found.get("processes", ()))
+    origin: str | None = None
+    value, text = 0, ""
     if configured_max_num_seqs:
         value, origin = configured_max_num_seqs, "config"
         text = f"max_num_seqs={value} (from the sidecar config)"
@@ -314,13 +327,17 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
     elif vllm is not None and (exported := _bounded(vllm.vllm_meta().get("exported_max_num_seqs"))) is not None:
         value, origin = exported, "history"
         text = f"max_num_seqs={value} (what the sidecar beside this vLLM exported, from Prometheus' history)"
-    else:
-        value, why = default_max_num_seqs(version)
-        origin = "default"
-        text = f"max_num_seqs={value} ({why})"
     gpu = store.latest(GPU_SOURCE)
     gpu_found = gpu.gpu_meta() if gpu is not None and gpu.ok else GpuMeta()
     gpus = tuple(gpu_found.get("gpus", ()))
+    if origin is None:
+        # the smallest of the watched GPUs: vLLM sizes its default by the device it runs on (one model, in practice)
+        totals = [total for (name, _), total in gpu.samples.items() if name == "gpu_memory_total_bytes"] if gpu is not None and gpu.ok else []
+        memory = min(totals, default=None)
+        value, why = default_max_num_seqs(version, memory, next((g["name"] for g in gpus if g.get("name")), None))
+        origin = "default"
+        seen = "vLLM's command line has no --max-num-seqs" if args else "vLLM's command line is not visible: set max_num_seqs in the config to be sure"
+        text = f"max_num_seqs={value} ({why}; {seen})"
     selection = gpu_found.get("selection")
     gil = store.latest(GIL_SOURCE)
     hot = (

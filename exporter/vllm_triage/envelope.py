@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .discovery import Discovery
-from .model import VLLM_SOURCE
+from .model import PROCESS_SOURCE, VLLM_SOURCE, make_labels
 from .scope import AGGREGATE_SCOPE
 from .signals.vllm import VLLM_SIGNALS
 from .signals.window import ServerFacts, compute_signals, window
@@ -51,6 +51,8 @@ PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer p
 SAVE_EVERY_SECONDS = 300.0
 USUAL_AGE_SECONDS = POINT_WINDOW_SECONDS  # "usual": the points whose windows end before the newest one begins
 STATE_VERSION = 1
+# A process' start time read twice (psutil: boot time plus clock ticks) agrees within this.
+START_TIME_TOLERANCE_SECONDS = 1.0
 # cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
 COMPUTED_CACHE_LABELS = frozenset({"engine", "num_gpu_blocks", "num_cpu_blocks", "kv_cache_max_concurrency", "kv_cache_size_tokens", "_block_size_resolved"})
 CHANGE_SIGNALS = (
@@ -149,6 +151,10 @@ class Envelope:
         self._api_server_pid: int | None = None
         self._saved_at = -math.inf
         self._unwritable = False
+        # vLLM's newest answer in this sidecar's life, and the API server (pid, start time) that gave it; and what the
+        # state file said of the last one before this sidecar started, until it is recalled (Envelope.recall).
+        self._answer: tuple[float, tuple[int, float] | None] | None = None
+        self.answered_before: tuple[float, tuple[int, float] | None] | None = None
         if self.path is not None:
             self._load()
 
@@ -156,12 +162,18 @@ class Envelope:
 
     def observe(self, store: Store, discovery: Discovery, now: float) -> None:
         latest = store.latest(VLLM_SOURCE)
+        if latest is not None and latest.ok:
+            first = self._answer is None
+            self._answer = (latest.timestamp, _api_server(store))
+            if first:
+                self._saved_at = -math.inf  # that vLLM answered is kept at once: a restart during an outage recalls it
         pid = next((p["pid"] for p in discovery.processes if p.get("role") == "api_server"), None)
         restarted = pid is not None and self._api_server_pid is not None and pid != self._api_server_pid
         self._api_server_pid = pid if pid is not None else self._api_server_pid
         identity = identity_of(store, discovery)
         if latest is None or not latest.ok or identity is None or restarted:
             self.clean_since = math.inf
+            self._save_when_due(now)
             return
         if self.clean_since == math.inf:
             self.clean_since = now
@@ -170,9 +182,28 @@ class Envelope:
             point = self._point(store, now)
             if point is not None:
                 self.configurations[-1].points.append(point)
+        self._save_when_due(now)
+
+    def _save_when_due(self, now: float) -> None:
         if self.path is not None and now - self._saved_at >= SAVE_EVERY_SECONDS:
             self._saved_at = now
             self.save()
+
+    def recall(self, store: Store, processes_read: bool) -> float | None:
+        """When vLLM last answered before this sidecar started, as the state file kept it, where that still holds: the
+        API server that answered is the one running now, or none runs (it is gone: an outage). A sidecar restarted in an
+        outage then judges an outage, not a start that would mute the page for the start-up budget and page again after
+        it. Asked while vLLM has not answered in this sidecar's life; decided once, when the host view has read (where
+        `processes_read` says it will)."""
+        if self.answered_before is None or (processes_read and store.latest(PROCESS_SOURCE) is None):
+            return None
+        (at, server), self.answered_before = self.answered_before, None
+        now_server = _api_server(store)
+        if server is not None and now_server is not None and (server[0] != now_server[0] or abs(server[1] - now_server[1]) > START_TIME_TOLERANCE_SECONDS):
+            log.info("vLLM answered before this sidecar started, but its API server is another process now (pid %d): it is starting", now_server[0])
+            return None
+        log.info("vLLM last answered before this sidecar started (the state file %s): judged as an outage, not a start", self.path)
+        return at
 
     def _in_force(self, identity: Identity, now: float) -> None:
         current = self.configurations[-1] if self.configurations else None
@@ -308,11 +339,13 @@ class Envelope:
         stops)."""
         if self.path is None:
             return
-        state = {
+        state: dict[str, Any] = {
             "version": STATE_VERSION,
             "changed_at": self.changed_at,
             "configurations": [{"identity": c.identity, "first_seen": c.first_seen, "points": [_row(p) for p in c.points]} for c in self.configurations],
         }
+        if answer := self._answer or self.answered_before:
+            state["answered"] = {"at": answer[0], "api_server": None if answer[1] is None else list(answer[1])}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=".envelope-", delete=False) as out:
@@ -345,9 +378,22 @@ class Envelope:
                 configurations.append(Configuration(identity, float(c["first_seen"]), points))
             changed_at = state.get("changed_at")
             self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)
+            if answered := state.get("answered"):
+                server = answered.get("api_server")
+                self.answered_before = (float(answered["at"]), None if server is None else (int(server[0]), float(server[1])))
             log.info("vLLM's envelope read from %s: %d configurations", self.path, len(configurations))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             log.warning("vLLM's envelope in %s is not one this sidecar wrote (%s): it starts again now", self.path, error)
+
+
+def _api_server(store: Store) -> tuple[int, float] | None:
+    """The API server the host view watches: (pid, start time), which names one process whatever reuses the pid."""
+    latest = store.latest(PROCESS_SOURCE)
+    if latest is None or not latest.ok:
+        return None
+    pid = latest.process_meta().get("api_server_pid")
+    started = latest.samples.get(("process_start_time_seconds", make_labels({"role": "api_server", "index": "0"})))
+    return None if pid is None or started is None else (int(pid), float(started))
 
 
 def _alike(point: Point, load: float, prompt: float | None) -> bool:

@@ -13,7 +13,7 @@ from .config import Config
 from .derive import DeriveSettings, derive
 from .diagnosis.engine import Engine
 from .envelope import Envelope
-from .model import SIDECAR_AT_START, Reading, SidecarState, Snapshot
+from .model import PROCESS_SOURCE, SIDECAR_AT_START, VLLM_SOURCE, Reading, SidecarState, Snapshot
 from .store import Store
 
 
@@ -94,6 +94,10 @@ def evaluate(
     vLLM's processes waiting: (role, place, frame)), and assemble the Snapshot (with the stack dumps taken for the
     active verdicts, shown in /diagnosis, and the sidecar's own state the daemon carries from one evaluation to the
     next)."""
+    if envelope is not None and envelope.answered_before is not None and store.latest(VLLM_SOURCE) is not None and store.last_success(VLLM_SOURCE) is None:
+        answered = envelope.recall(store, engine.sources is None or PROCESS_SOURCE in engine.sources)
+        if answered is not None:
+            store.recall_success(VLLM_SOURCE, answered)
     derived = derive(store, now, derive_settings or DeriveSettings())
     wants = engine.wants()
     change: tuple[str, ...] = ()

@@ -142,6 +142,13 @@ class Store:
     def sources(self) -> list[str]:
         return sorted(self._sources)
 
+    def recall_success(self, source: str, at: float) -> None:
+        """A success before this store began (what the sidecar's state file kept across its restart), for a source that
+        has not succeeded since: it is judged as one that answered before, not as one that has never answered."""
+        state = self._sources.get(source)
+        if state is not None and state.last_success is None:
+            state.last_success = at
+
     def take_history(self, other: Store, sources: tuple[str, ...]) -> None:
         """Continue from `other`'s readings of these sources (a reloaded config: the windows stay full);
         this store's horizons apply from the next reading on."""

@@ -51,7 +51,20 @@ def test_condition_overrides(tmp_path):
     assert config.conditions["itl_high"].enabled is False
 
 
+def test_the_start_up_budget_is_one_setting_that_both_start_up_waits_follow(tmp_path):
+    """vllm_startup_seconds (the chart's vllm.startupSeconds) sets how long a loading vLLM counts as starting, with or
+    without the process view; a condition's own value still wins, and the wait for a vLLM process that never came stays."""
+    default = load(env={}).conditions["vllm_unreachable"].thresholds
+    assert (default["startup_grace_seconds"], default["startup_grace_no_process_seconds"], default["not_started_seconds"]) == (1800, 600, 150)
+    budget = load(env={"VLLM_TRIAGE_VLLM_STARTUP_SECONDS": "3600"}).conditions["vllm_unreachable"].thresholds
+    assert (budget["startup_grace_seconds"], budget["startup_grace_no_process_seconds"], budget["not_started_seconds"]) == (3600, 3600, 150)
+    path = write(tmp_path, "vllm_startup_seconds: 900\nconditions:\n  vllm_unreachable: {startup_grace_seconds: 1200}\n")
+    tuned = load(path, env={}).conditions["vllm_unreachable"].thresholds
+    assert (tuned["startup_grace_seconds"], tuned["startup_grace_no_process_seconds"]) == (1200, 900)
+
+
 BAD_FILES = [
+    ("vllm_startup_seconds: 0\n", ["vllm_startup_seconds", ">= 1.0"]),
     ("conditions:\n  kv_cache_saturated:\n    usage_min: 1.7\n", ["conditions.kv_cache_saturated.usage_min", "1.7", "<= 1.0"]),
     ("conditions:\n  kv_cache_saturated:\n    usage_mni: 0.9\n", ["conditions.kv_cache_saturated.usage_mni", "usage_min"]),
     ("conditions:\n  kv_cache_saturatd: {}\n", ["conditions.kv_cache_saturatd", "kv_cache_saturated"]),

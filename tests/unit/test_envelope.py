@@ -118,3 +118,51 @@ def test_a_change_is_judged_as_soon_at_a_longer_tick():
         assert active, f"no regression_after_change at a {seconds:g} s tick"
         first_active[seconds] = active[0]
     assert first_active[4.0] - first_active[2.0] <= 8.0, first_active
+
+
+def unreachable_and_starting(pipeline: Pipeline, readings: list[Reading]) -> list[tuple[float, str, float | None]]:
+    """(time, vllm_unreachable's state, how long vLLM counts as starting) at each tick."""
+    ticks: list[tuple[float, str, float | None]] = []
+    pipeline.replay(
+        readings, lambda s: ticks.append((s.timestamp, next(v.state for v in s.verdicts if v.condition == "vllm_unreachable"), s.vllm_starting_seconds))
+    )
+    return ticks
+
+
+def test_a_sidecar_restarted_while_vllm_is_down_judges_the_outage_not_a_start(tmp_path):
+    """The real killed capture (every vLLM process SIGKILLed on an H200): the sidecar restarts 30 s into the outage. With
+    its state file it knows vLLM answered before, so the outage stays an outage (the page neither resolves nor comes
+    again after the start-up budget); a sidecar without one would count vLLM as starting."""
+    killed = {name: at for name, at in json.loads((DATA / "real-vllm-h200-killed.json").read_text())}["vllm_killed"]
+    readings = list(read_readings(str(DATA / "real-vllm-h200-killed.jsonl.gz")))
+    before, after = [r for r in readings if r.timestamp < killed + 20], [r for r in readings if r.timestamp >= killed + 30]
+    state = tmp_path / "envelope.json"
+    config = load(env={}, flags={"envelope_file": str(state)})
+    first = Pipeline(config)
+    first.replay(before, lambda s: None)
+    first.envelope.save()  # the daemon's clean stop (a kill: the save at vLLM's first answer holds it)
+    assert json.loads(state.read_text())["answered"]["at"] <= killed
+    restarted = unreachable_and_starting(Pipeline(config), after)
+    start = after[0].timestamp
+    scraped = next(r.timestamp for r in after if r.source == "vllm")
+    assert all(starting is None for t, _, starting in restarted if t >= scraped), "the restarted sidecar counted vLLM as starting"
+    active = [t - start for t, state, _ in restarted if state == "active"]
+    assert active and active[0] <= 35 and restarted[-1][1] == "active"
+    forgetful = unreachable_and_starting(Pipeline(load(env={})), after)
+    assert all(state == "inactive" and starting is not None for t, state, starting in forgetful if t >= scraped), "without the state file it is a start"
+
+
+def test_a_sidecar_restarted_while_a_new_vllm_loads_judges_it_starting(tmp_path):
+    """The real eager_change capture: vLLM relaunched (a new API server process) and loading for 44 s. A sidecar that
+    restarts in the load recalls that vLLM answered before, but from another process: this one is starting."""
+    marks = MARKS
+    readings = list(read_readings(str(CAPTURE)))
+    before = [r for r in readings if r.timestamp < marks["relaunch"]]
+    during = [r for r in readings if marks["vllm_launched"] + 15 <= r.timestamp < marks["vllm_ready"]]
+    state = tmp_path / "envelope.json"
+    config = load(env={}, flags={"envelope_file": str(state)})
+    first = Pipeline(config)
+    first.replay(before, lambda s: None)
+    first.envelope.save()
+    ticks = unreachable_and_starting(Pipeline(config), during)
+    assert {state for _, state, _ in ticks} == {"inactive"} and all(starting is not None for _, _, starting in ticks[1:])

@@ -100,10 +100,17 @@ def test_default_is_vllm_with_a_plain_sidecar_and_no_added_capability(tmp_path):
     security = sidecar["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"] and security["seccompProfile"]["type"] == "RuntimeDefault"
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
-    assert "shareProcessNamespace" not in pod and pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is False
+    # The host view is on: the sidecar reads vLLM's processes in /proc, which needs the shared namespace and no capability
+    assert pod["shareProcessNamespace"] is True
+    assert restricted_violations(pod, only="vllm-triage") == []
     config = sidecar_config(sidecar, objects, tmp_path)
-    assert config.vllm_url == "http://127.0.0.1:8000" and config.sources == ("vllm", "gpu")
-    assert config.max_num_seqs is None  # vLLM's default applies; the sidecar says so in its evidence
+    assert config.vllm_url == "http://127.0.0.1:8000" and config.sources == ("vllm", "process", "gpu")
+    assert config.max_num_seqs is None  # read from vLLM's command line, else vLLM's default on that GPU (said in the evidence)
+    # A model load within the pod's startup probe budget is starting, not unreachable, whether the host view sees vLLM or not
+    unreachable = config.conditions["vllm_unreachable"].thresholds
+    assert config.vllm_startup_seconds == 1800 == unreachable["startup_grace_seconds"] == unreachable["startup_grace_no_process_seconds"]
+    assert unreachable["not_started_seconds"] == 150  # no vLLM process at all still pages in minutes
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
     assert env == {
         "NVIDIA_VISIBLE_DEVICES": "all",
@@ -172,20 +179,35 @@ def test_standalone_the_sidecar_is_ready_only_once_it_has_judged():
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz" and "startupProbe" not in sidecar
 
 
-def restricted_violations(pod: dict) -> list[str]:
-    """The Pod Security Standard "restricted" checks that apply to these pods."""
-    problems = []
-    for key in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
-        if pod.get(key):
-            problems.append(key)
-    if any("hostPath" in v for v in pod.get("volumes", [])):
-        problems.append("hostPath volume")
+# Pod Security Standards, "restricted" (Kubernetes 1.25+), as its admission controller applies them to a pod.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+}
+
+
+def restricted_violations(pod: dict, only: str | None = None) -> list[str]:
+    """What Pod Security "restricted" refuses in a pod spec: the pod's own fields, and each container's (`only`: that
+    container's alone, with the pod's). shareProcessNamespace is not among them (the standard admits it)."""
+    problems = [key for key in ("hostNetwork", "hostPID", "hostIPC", "hostUsers") if pod.get(key) is (key != "hostUsers")]
+    problems += [f"volume {v['name']}: {sorted(set(v) - {'name'})}" for v in pod.get("volumes", []) if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
     pod_security = pod.get("securityContext", {})
+    problems += [f"sysctl {s['name']}" for s in pod_security.get("sysctls", []) if s["name"] not in SAFE_SYSCTLS]
+    if pod_security.get("runAsUser") == 0:
+        problems.append("pod: runAsUser 0")
     for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        if only is not None and c["name"] != only:
+            continue
         security = c.get("securityContext", {})
-        if security.get("privileged") or security.get("allowPrivilegeEscalation") is not False:
+        if security.get("privileged"):
+            problems.append(f"{c['name']}: privileged")
+        if security.get("allowPrivilegeEscalation") is not False:
             problems.append(f"{c['name']}: privilege escalation allowed")
-        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")) or security.get("runAsUser") == 0:
+        if not security.get("runAsNonRoot", pod_security.get("runAsNonRoot")) or security.get("runAsUser") == 0:
             problems.append(f"{c['name']}: may run as root")
         profile = security.get("seccompProfile", pod_security.get("seccompProfile", {})).get("type")
         if profile not in ("RuntimeDefault", "Localhost"):
@@ -193,7 +215,69 @@ def restricted_violations(pod: dict) -> list[str]:
         capabilities = security.get("capabilities", {})
         if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
             problems.append(f"{c['name']}: capabilities {capabilities}")
+        if any("hostPort" in p for p in c.get("ports", [])):
+            problems.append(f"{c['name']}: hostPort")
+        if security.get("procMount", "Default") != "Default":
+            problems.append(f"{c['name']}: procMount")
+        if security.get("appArmorProfile", {}).get("type") == "Unconfined":
+            problems.append(f"{c['name']}: AppArmor unconfined")
+        if security.get("seLinuxOptions", {}).get("type") not in (None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"):
+            problems.append(f"{c['name']}: SELinux type")
     return problems
+
+
+def test_the_restricted_check_refuses_what_pod_security_refuses():
+    """The check above is no formality: each field the standard refuses is named."""
+    pod = {
+        "containers": [
+            {
+                "name": "c",
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "runAsNonRoot": True,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ]
+    }
+    assert restricted_violations({**pod, "shareProcessNamespace": True}) == []
+    assert restricted_violations({**pod, "hostPID": True}) == ["hostPID"]
+    assert restricted_violations({**pod, "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}) == ["volume h: ['hostPath']"]
+    ptrace = {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    container = pod["containers"][0]
+    assert restricted_violations({"containers": [{**container, "securityContext": {**container["securityContext"], "capabilities": ptrace}}]}) == [
+        f"c: capabilities {ptrace}"
+    ]
+    assert restricted_violations({"containers": [{**container, "securityContext": {**container["securityContext"], "allowPrivilegeEscalation": True}}]}) == [
+        "c: privilege escalation allowed"
+    ]
+
+
+@pytest.mark.parametrize("values_file", [None, *CI_VALUES], ids=lambda p: p.stem if p else "defaults")
+def test_the_sidecar_stays_within_pod_security_restricted_unless_the_profiler_is_on(values_file):
+    """Every value set: the sidecar's container and the pod's own fields pass "restricted" (vLLM's container is as its
+    image and values make it); only py-spy (SYS_PTRACE, privilege escalation for its file capability) leaves it."""
+    values = yaml.safe_load(values_file.read_text()) if values_file else {}
+    pod = one(render(values), "Deployment")["spec"]["template"]["spec"]
+    problems = restricted_violations(pod, only="vllm-triage")
+    if values.get("profiler", {}).get("enabled"):
+        assert [p.split(" {")[0] for p in problems] == ["vllm-triage: privilege escalation allowed", "vllm-triage: capabilities"] and "SYS_PTRACE" in problems[
+            1
+        ]
+    else:
+        assert problems == []
+
+
+def test_the_process_view_is_one_value_away_from_off(tmp_path):
+    """triage.processView: false: no shared namespace, no process source; the start-up budget still reaches the sidecar."""
+    objects = render({"triage": {"processView": False}})
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "shareProcessNamespace" not in pod
+    config = sidecar_config(containers(one(objects, "Deployment"))["vllm-triage"], objects, tmp_path)
+    assert config.sources == ("vllm", "gpu") and config.conditions["vllm_unreachable"].thresholds["startup_grace_no_process_seconds"] == 1800
+    longer = render({"vllm": {"startupSeconds": 3600}})
+    assert sidecar_config(containers(one(longer, "Deployment"))["vllm-triage"], longer, tmp_path).vllm_startup_seconds == 3600
 
 
 @pytest.mark.parametrize("extra_args", [["--max-num-seqs=96"], ["--enforce-eager", "--max-num-seqs", "96"]])
@@ -209,6 +293,7 @@ def test_standalone_watches_the_url_and_passes_restricted_pod_security(tmp_path)
     deployment = one(objects, "Deployment")
     assert list(containers(deployment)) == ["vllm-triage"]
     assert restricted_violations(deployment["spec"]["template"]["spec"]) == []
+    assert "shareProcessNamespace" not in deployment["spec"]["template"]["spec"]  # no vLLM in the pod: nothing to see
     test_pod = next(o for o in objects if o["kind"] == "Pod")
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert restricted_violations(test_pod["spec"]) == []
@@ -645,6 +730,9 @@ def test_the_documented_snippet_adds_the_sidecar_to_another_chart(tmp_path):
     assert volumes["vllm-triage-config"]["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"] == "mine-vllm-triage"
     config = sidecar_config(by_name["vllm-triage"], objects, tmp_path)
     assert config.conditions["kv_cache_saturated"].for_seconds == 60 and config.options(GpuOptions).gpus_file == "/run/vllm-triage/gpus"
+    # the host view, as in this chart's own pods: the shared namespace, the process source, the start-up budget
+    assert deployment["spec"]["template"]["spec"]["shareProcessNamespace"] is True and "process" in config.sources
+    assert config.vllm_startup_seconds == 1800 and restricted_violations(deployment["spec"]["template"]["spec"], only="vllm-triage") == []
     assert by_name["vllm"]["command"][:2] == ["/bin/sh", "-c"] and by_name["vllm"]["command"][-2:] == ["vllm", "serve"]
     # with monitoringOnly in place of templatesOnly (the paragraph after the snippet), the parent gets scraping, rules and
     # dashboards over its own pods, and still no workload of this chart's

@@ -40,7 +40,7 @@ from vllm_triage import catalog
 from vllm_triage.config import Config
 from vllm_triage.config_loader import load
 from vllm_triage.history.capture import demo_capture_path, read_description, read_readings
-from vllm_triage.model import VLLM_SOURCE
+from vllm_triage.model import VLLM_SOURCE, Reading
 from vllm_triage.pipeline import Pipeline, replay
 from vllm_triage.scope import HOST_SCOPE, engine_scope, gpu_scope
 from vllm_triage.signals.window import RECENT_SECONDS
@@ -732,3 +732,82 @@ def test_no_capture_without_a_change_of_vllms_configuration_says_regression_afte
     rest restart nothing. A restart or a stop is never a change."""
     for name in ("serving", "kv_thrash", "contention", "hung_kernel", "orphan", "compute_limit", "token_budget", "rollout", "killed", "gpu_shared"):
         assert not _regression(replayed(name, load(env={}))), name
+
+
+def chart_default_sources(tmp_path: Path) -> tuple[str, ...]:
+    """The sources the sidecar runs as `helm install` renders the chart at its defaults."""
+    from tests.unit.test_helm import containers, one, render, sidecar_config
+
+    objects = render({})
+    return sidecar_config(containers(one(objects, "Deployment"))["vllm-triage"], objects, tmp_path).sources
+
+
+def states(readings: list, config: Config) -> list[tuple[float, str | None, dict[str, tuple[str, str | None]]]]:
+    """Each tick's primary verdict and every condition's state and cause."""
+    ticks: list = []
+    replay(readings, config, lambda s: ticks.append((s.timestamp, s.primary, {v.condition: (v.state, v.cause) for v in s.verdicts})))
+    return ticks
+
+
+# What py-spy's GIL share decides: whether the engine core's saturated thread runs Python (engine_python) or launches
+# kernels (launch_overhead). Without it the default install says engine_core, and nothing else differs.
+PYSPY_CAUSES = {("gpu_starved", "engine_python"): "engine_core", ("gpu_starved", "launch_overhead"): "engine_core"}
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("real-vllm-*.jsonl.gz")), ids=lambda p: p.name.removesuffix(".jsonl.gz"))
+def test_the_default_install_gives_every_captures_verdicts_without_pyspy(path, tmp_path):
+    """Each real capture read as the chart's default install reads it (its sources only: no py-spy) gives the same
+    verdicts and primary at every tick as with all four sources, and the same causes but the one py-spy decides, which
+    the evidence says was not measured."""
+    from harness.cadence import as_read
+
+    sources = chart_default_sources(tmp_path)
+    assert "process" in sources and "gil" not in sources
+    config = load(None, env={})
+    readings = as_read(list(read_readings(path)), config)
+    assert {r.source for r in readings} > set(sources), "recorded with every source"
+    default_readings = [r for r in readings if r.source in sources]
+    full, default = states(readings, config), states(default_readings, config)
+
+    def expected(condition: str, state_cause: tuple[str, str | None]) -> tuple[str, str | None]:
+        state, cause = state_cause
+        return state, PYSPY_CAUSES.get((condition, cause or ""), cause)
+
+    differing = [(t, c, a, b) for (t, _, one), (_, _, other) in zip(full, default, strict=True) for c in one if (a := expected(c, one[c])) != (b := other[c])]
+    primaries = [(t, a, b) for (t, a, _), (_, b, _) in zip(full, default, strict=True) if a != b]
+    assert not differing and not primaries, f"first differences (tick, condition, full, default install): {differing[:5]} {primaries[:5]}"
+    notes: list[str] = []
+    Pipeline(config, default_readings).replay(
+        default_readings, lambda s: notes.extend(e.text for v in s.verdicts if v.condition == "gpu_starved" for e in v.evidence if e.text.startswith("cause "))
+    )
+    assert not any(note.startswith(("cause engine_python", "cause launch_overhead")) for note in notes), "said without py-spy's GIL share"
+    if any(cause == "engine_core" for _, _, ticks in default for state, cause in ticks.values() if state == "active"):
+        assert any(note.startswith("cause engine_core") and "GIL share is not measured" in note for note in notes)
+
+
+def test_vllms_default_max_num_seqs_is_the_one_it_takes_on_the_gpu_it_runs_on():
+    """The real eager_change capture (vLLM 0.26.0 on an H100, 80 GiB), its command line's --max-num-seqs 256 left out of
+    the process readings, as where vLLM runs at its default: 1024 sequences, not 256, read with the command line visible
+    and without it (no process view); without the GPU source the sidecar cannot know the GPU and says so."""
+
+    def unflagged(reading: Reading) -> Reading:
+        meta = reading.process_meta()
+        if reading.source != "process" or "api_server_args" not in meta:
+            return reading
+        args = {k: v for k, v in meta["api_server_args"].items() if k != "max_num_seqs"}
+        flags = {k: v for k, v in meta.get("api_server_flags", {}).items() if k != "--max-num-seqs"}
+        return dataclasses.replace(reading, meta={**meta, "api_server_args": args, "api_server_flags": flags})
+
+    readings = [unflagged(r) for r in read_readings(str(recorded("eager_change", ".jsonl.gz")))]
+    config = load(None, env={})
+
+    def discovered(kept: set[str]):
+        return Pipeline(config, [r for r in readings if r.source in kept]).replay([r for r in readings if r.source in kept], lambda s: None).discovery
+
+    seen = discovered({"vllm", "process", "gpu"})
+    assert (seen.max_num_seqs, seen.max_num_seqs_origin) == (1024, "default")
+    assert "vLLM 0.26.0's default on a NVIDIA H100" in seen.max_num_seqs_text and "command line has no --max-num-seqs" in seen.max_num_seqs_text
+    blind = discovered({"vllm", "gpu"})
+    assert blind.max_num_seqs == 1024 and "command line is not visible" in blind.max_num_seqs_text
+    no_gpu = discovered({"vllm", "process"})
+    assert no_gpu.max_num_seqs == 256 and "the sidecar has read no GPU" in no_gpu.max_num_seqs_text

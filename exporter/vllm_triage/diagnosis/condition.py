@@ -17,6 +17,9 @@ class Threshold:
     description: str
     minimum: float = 0.0
     maximum: float | None = None
+    # A config option whose value, where set, is this threshold's default (the condition's own overrides still win): one
+    # setting that several thresholds follow, such as the chart's start-up budget.
+    option: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ Call it with a dict:
   standalone true when the pod has no vLLM (the sidecar watches a remote one): only then has it a
             readinessProbe. Beside vLLM it has a livenessProbe only, so that nothing it does (failing,
             starting slowly, being OOM-killed) delays vLLM's start or takes vLLM's pod out of its Service.
-  maxNumSeqs vLLM's --max-num-seqs, when the sidecar cannot read vLLM's command line (no profiler)
+  maxNumSeqs vLLM's --max-num-seqs where its arguments give it (the sidecar also reads it from vLLM's command line)
+  startupSeconds how long vLLM may load before its first answer (the pod's startup probe budget): no page before it
   gpusFile  a file in a shared emptyDir where vLLM's container lists its GPUs (this chart: see deployment.yaml)
   appVersion the image tag when values.image.tag is empty (this chart passes its appVersion)
-The pod also needs the volume from "vllm-triage.sidecarVolumes", and, with the profiler on,
-shareProcessNamespace: true.
+The pod also needs the volume from "vllm-triage.sidecarVolumes", and, beside vLLM with triage.processView or the
+profiler on, shareProcessNamespace: true ("vllm-triage.sharesProcesses" says whether).
 */}}
 {{- define "vllm-triage.sidecar" -}}
 {{- $v := .values }}
@@ -24,10 +25,11 @@ shareProcessNamespace: true.
 {{- if eq (toString $gpu.enabled) "auto" }}{{ $gpuOn = not .standalone }}{{ end }}
 {{- $profiler := $v.profiler }}
 {{- $port := $triage.port }}
+{{- $processes := and (not .standalone) (or $triage.processView $profiler.enabled) }}
 {{- $sources := list "vllm" }}
-{{- if $profiler.enabled }}{{ $sources = append $sources "process" }}{{ end }}
+{{- if $processes }}{{ $sources = append $sources "process" }}{{ end }}
 {{- if $gpuOn }}{{ $sources = append $sources "gpu" }}{{ end }}
-{{- if $profiler.enabled }}{{ $sources = append $sources "gil" }}{{ end }}
+{{- if and $processes $profiler.enabled }}{{ $sources = append $sources "gil" }}{{ end }}
 - name: vllm-triage
   image: {{ include "vllm-triage.imageRef" (dict "image" $image "appVersion" .appVersion) | quote }}
   imagePullPolicy: {{ $image.pullPolicy }}
@@ -43,6 +45,9 @@ shareProcessNamespace: true.
     - --log-format={{ $triage.logFormat }}
     {{- with .maxNumSeqs }}
     - --max-num-seqs={{ . }}
+    {{- end }}
+    {{- with .startupSeconds }}
+    - --vllm-startup-seconds={{ . }}
     {{- end }}
     {{- with $gpu.devices }}
     - --gpus={{ join "," . }}
@@ -99,7 +104,7 @@ shareProcessNamespace: true.
   resources:
     {{- toYaml $triage.resources | nindent 4 }}
   {{- $security := deepCopy ($triage.securityContext | default dict) }}
-  {{- if $profiler.enabled }}
+  {{- if and $processes $profiler.enabled }}
   {{- /* py-spy gets CAP_SYS_PTRACE from its file capability, which no_new_privs would ignore. */}}
   {{- $capabilities := deepCopy ($security.capabilities | default dict) }}
   {{- $_ := set $capabilities "add" (append ($capabilities.add | default list) "SYS_PTRACE" | uniq) }}
@@ -132,6 +137,12 @@ shareProcessNamespace: true.
       mountPath: /etc/vllm-triage-web
       readOnly: true
     {{- end }}
+{{- end }}
+
+{{/* "true" where the pod must share its process namespace for the sidecar (called with this chart's values): beside
+vLLM, with the process view (on by default) or the profiler. Reading vLLM's processes in /proc needs no capability. */}}
+{{- define "vllm-triage.sharesProcesses" -}}
+{{- or .triage.processView .profiler.enabled -}}
 {{- end }}
 
 {{/* The sidecar's volumes: a writable /tmp (py-spy's output), with gpusFile the shared directory vLLM's container

@@ -146,10 +146,17 @@ def _starvation_cause(j: Judge) -> None:
     elif (gil := j.signals.get("host_engine_core_gil_held_ratio")) is not None and gil >= j.thresholds["gil_python_cause_min"]:
         j.cause = "engine_python"
         j.note(f"cause engine_python: the engine core holds the GIL {gil:.0%} of the latest py-spy window: Python work between launches is the limit")
-    else:
+    elif gil is not None:
         j.cause = "launch_overhead"
         j.note("cause launch_overhead: the engine core's thread is saturated without holding the GIL most of the time: kernel launches and syncs")
-    if j.cause in ("engine_python", "launch_overhead") and j.signals.get("cuda_graphs_enabled") == 0:
+    else:
+        j.cause = "engine_core"
+        j.note(
+            "cause engine_core: the engine core's thread is saturated (the host's CPU readings): py-spy's GIL share is not measured here (the "
+            "gil source is off or refused; the chart's profiler.enabled), so Python work between launches (engine_python) is not told "
+            "apart from kernel launches and syncs (launch_overhead)"
+        )
+    if j.cause in ("engine_python", "launch_overhead", "engine_core") and j.signals.get("cuda_graphs_enabled") == 0:
         j.note("CUDA graphs are off (--enforce-eager on vLLM's command line): every step runs each layer's Python and launches", "cuda_graphs_enabled", 0.0)
         j.advise("drop --enforce-eager: CUDA graphs replay a decode step in one launch, which is what this engine core's thread spends its core on")
 
@@ -176,6 +183,8 @@ GPU_STARVED = Condition(
         "cause=launch_overhead: many small kernels per step: CUDA graphs (drop --enforce-eager), a larger batch per step, async scheduling.",
         "cause=engine_python: Python work between launches (eager mode runs every layer's Python each step: drop --enforce-eager "
         "for CUDA graphs); enable async scheduling, reduce per-step host work (structured output, sampling parameters).",
+        "cause=engine_core: the engine core's thread is the limit, Python work or launches (py-spy off): the fixes of both "
+        "(CUDA graphs: drop --enforce-eager; async scheduling; a larger batch per step); the profiler (py-spy) tells which.",
         "cause=pageable_copies: host<->device copies from pageable memory: pin host buffers (pin_memory), keep data on the GPU.",
         "Check the pod's CPU limit and throttling (vllm_triage_process_window_cgroup_throttled_ratio); give vLLM faster or more cores.",
         "To see where each step's host time goes, take a torch profiler trace of a few steps and run `vllm-triage trace` on it.",
@@ -234,7 +243,7 @@ GPU_STARVED = Condition(
     ),
     dont=("Worker processes near 100 % CPU are not the culprit: they spin while waiting on the GPU.",),
     sources=(VLLM_SOURCE, GPU_SOURCE, PROCESS_SOURCE),
-    causes=("cpu_throttled", "cpu_contention", "pageable_copies", "api_server", "engine_python", "launch_overhead"),
+    causes=("cpu_throttled", "cpu_contention", "pageable_copies", "api_server", "engine_python", "launch_overhead", "engine_core"),
     # The predicate holds 16-23 s into a starved regime on the H200 captures (the host threads are sampled over 10 s):
     # 30 s on top is 46-53 s from onset. The longest run of it where a capture's truth says no starvation is 10 s
     # (12 clients on the wide model, SM activity dipping under 0.4 for a moment; bench.detection_latency).

@@ -179,7 +179,8 @@ VLLM_UNREACHABLE = Condition(
             "startup_grace_seconds",
             1800.0,
             "before vLLM's first answer, while its API server process runs (loading): seconds without an answer after which it is "
-            "unreachable, not starting (the chart's vllm.startupSeconds)",
+            "unreachable, not starting (default: vllm_startup_seconds where set)",
+            option="vllm_startup_seconds",
         ),
         Threshold(
             "not_started_seconds",
@@ -197,7 +198,9 @@ VLLM_UNREACHABLE = Condition(
             "startup_grace_no_process_seconds",
             600.0,
             "before vLLM's first answer, where the sidecar sees no process beyond its own (no shared process namespace, or the "
-            "process source off): seconds without an answer after which it is unreachable, not starting",
+            "process source off): seconds without an answer after which it is unreachable, not starting (default: "
+            "vllm_startup_seconds where set)",
+            option="vllm_startup_seconds",
         ),
     ),
     for_seconds=15,
