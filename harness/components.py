@@ -108,16 +108,17 @@ def unprivileged_sidecar_command() -> list[str]:
     return ["env", f"PYTHONPATH={path}", *UNPRIVILEGED, SYSTEM_PYTHON, "-c", "import sys; from vllm_triage.cli import main; sys.exit(main())"]
 
 
-def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str, unprivileged: bool = False) -> Sidecar:
-    """The sidecar on `config_text`; `unprivileged`: as uid 10001 with no capability (its config where that user reads)."""
+def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str, unprivileged: bool = False, port: int | None = None) -> Sidecar:
+    """The sidecar on `config_text` (on `port`, else a free one); `unprivileged`: as uid 10001 with no capability (its
+    config where that user reads)."""
     home = Path(tempfile.mkdtemp(prefix="vllm-triage-")) if unprivileged else tmp_path
     home.chmod(0o755)
     config = home / "sidecar.yaml"
     config.write_text(config_text)
     config.chmod(0o644)
-    port = vllm_server.free_port()
+    port = port or vllm_server.free_port()
     log_path = tmp_path / "sidecar.log"
-    log = open(log_path, "wb")
+    log = open(log_path, "ab")
     command = unprivileged_sidecar_command() if unprivileged else [str(BIN / "vllm-triage")]
     process = subprocess.Popen(
         [*command, "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],

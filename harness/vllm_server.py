@@ -73,13 +73,22 @@ def start(
     niceness: int = 10,
     max_num_seqs: int = MAX_NUM_SEQS,
     tensor_parallel_size: int = 1,
+    load_delay_seconds: float = 0.0,
 ) -> VllmServer:
+    """A real vLLM serving the tiny model; `load_delay_seconds`: its API server process waits that long before it loads
+    (a model downloading or compiling): a vLLM process that runs and does not answer yet."""
     python, model = paths()
     if not python.exists() or not (model / "config.json").exists():
         raise RuntimeError(f"vLLM venv or tiny model missing ({python}, {model}): run `make vllm-env` first")
     port = port or free_port()
+    # the module stays the 4th word of the command line, where a process is told to be vLLM's API server
+    delayed = (
+        "import runpy, sys, time; module = sys.argv.pop(1); time.sleep(float(sys.argv.pop(1))); runpy.run_module(module, run_name='__main__', alter_sys=True)"
+    )
+    module = "vllm.entrypoints.openai.api_server"
+    launch = ["-c", delayed, module, str(load_delay_seconds)] if load_delay_seconds else ["-m", module]
     command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        str(python), *launch,
         "--model", str(model), "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "1024", "--max-num-seqs", str(max_num_seqs),

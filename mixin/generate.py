@@ -165,6 +165,22 @@ def values_schema() -> str:
         },
         "description": "thresholds of the rules on vLLM's own metrics",
     }
+    tune["sloBuckets"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            slo: {
+                "type": "array",
+                "items": {"type": "number", "exclusiveMinimum": 0},
+                "minItems": 1,
+                "description": f"the bounds of vLLM's {slo} histogram where it runs with --custom-histogram-buckets (default: "
+                + ", ".join(f"{b:g}" for b in mixin.BUCKET_BOUNDS[slo])
+                + ")",
+            }
+            for slo in mixin.BUCKET_BOUNDS
+        },
+        "description": "vLLM's latency bucket bounds, where --custom-histogram-buckets changed them: an SLO target must be one",
+    }
     tune["for"] = {
         "type": "object",
         "properties": {alert: duration for alert in alerts},

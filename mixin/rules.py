@@ -186,6 +186,21 @@ BURN_WINDOWS = (
     ("6h", "3d", 1.0, "3h", "warning"),
 )
 SLO_RATE_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+# vLLM's bucket bounds of each latency SLO's histogram (the same from 0.26 to 0.33; 0.32+ changes them with
+# --custom-histogram-buckets, which the chart takes as sloBuckets): a target must be one, or no recording rule reads it.
+BUCKET_BOUNDS = {
+    "ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+}
+# A latency objective the project guessed (a chat service's) is no objective of the team's: a batch deployment misses it
+# for hours by design. Its fast burn opens a ticket until the install sets the target or the objective (the chart then
+# makes it page); an error burn is harm whatever the workload and pages as it is.
+GUESSED_SLOS = ("ttft", "itl")
+
+
+def slo_severity(slo: str, severity: str) -> str:
+    """The severity a burn alert carries in the generated rules: a guessed objective's fast burn is a warning."""
+    return "warning" if slo in GUESSED_SLOS else severity
 
 
 def slo_record(slo: str, window: str) -> str:
@@ -240,7 +255,7 @@ def slo_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
                     "alert": name,
                     "expr": expr,
                     "for": windows[0][3],
-                    "labels": {"severity": severity, "slo": slo},
+                    "labels": {"severity": slo_severity(slo, severity), "slo": slo},
                     "annotations": {
                         "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.model_name }}}}: the {what} SLO burns its error budget {'fast' if severity == 'critical' else 'steadily'}",
                         "description": f"{{{{ $value | humanizePercentage }}}} of the requests over the last {windows[0][1]} or more {missed}; "
@@ -277,19 +292,25 @@ VLLM_THRESHOLDS: dict[str, dict[str, Any]] = {
 }
 for _slo, (_what, _histogram, _target, _objective) in SLOS.items():
     _alerts = [slo_alert_name(_slo, severity) for severity in ("critical", "warning")]
+    # a team that sets its objective or target makes its fast burn page (the chart sets the severity back to critical)
+    _pages = {"pages": [slo_alert_name(_slo, "critical")]} if _slo in GUESSED_SLOS else {}
     VLLM_THRESHOLDS[f"{_slo}Objective"] = {
         "rules": _alerts,
         "default": _objective,
         "what": f"{_what} SLO: the share of requests that must meet it",
         "format": "(1 - %v)",
+        **_pages,
     }
     if _histogram is not None:
         VLLM_THRESHOLDS[f"{_slo}TargetSeconds"] = {
             "rules": [slo_record(_slo, w) for w in SLO_RATE_WINDOWS],
             "default": _target,
             "maximum": 3600.0,
-            "what": f"{_what} SLO target in seconds: one of vLLM's bucket bounds",
+            "what": f"{_what} SLO target in seconds: one of vLLM's bucket bounds ({', '.join(f'{b:g}' for b in BUCKET_BOUNDS[_slo])})",
             "format": 'le=~"%v([.]0)?"',
+            "slo": _slo,
+            "bounds": list(BUCKET_BOUNDS[_slo]),
+            **_pages,
         }
 
 
@@ -850,7 +871,13 @@ def runbooks_markdown(header: str) -> str:
             "",
             f"## {rule['alert']}",
             "",
-            f"Severity: {rule['labels']['severity']}, per model across its replicas. Expression: `{rule['expr']}` for {rule['for']}.",
+            f"Severity: {rule['labels']['severity']}"
+            + (
+                f" (the objective is the project's guess: critical once the chart's `vllmThresholds` sets `{slo}TargetSeconds` or `{slo}Objective`)"
+                if slo in GUESSED_SLOS and rule["alert"] == slo_alert_name(slo, "critical")
+                else ""
+            )
+            + f", per model across its replicas. Expression: `{rule['expr']}` for {rule['for']}.",
             "",
         ]
         lines.append(
@@ -860,7 +887,20 @@ def runbooks_markdown(header: str) -> str:
         )
         lines.append("")
         lines.append(_SLO_STEPS[slo])
+    lines += ["", "## Batch and offline serving", "", BATCH_SERVING]
     return "\n".join(lines) + "\n"
+
+
+BATCH_SERVING = (
+    "A deployment that serves batch or offline jobs queues by design: requests wait for hours and their time to first token "
+    "is the queue's. Turn off what reads a queue as harm: `VllmRequestsWaiting`, `VllmRequestsWaitingPersistent`, "
+    "`VllmTriageQueueBacklog`, `VllmTriageTtftHigh`, `VllmTtftSloBurnFast` and `VllmTtftSloBurnSlow` (the chart's "
+    "`monitoring.prometheusRule.disabledAlerts`), and `client_underload` between jobs (`conditions.client_underload.enabled: false` "
+    "in `triage.config`). Keep what says the server cannot do the work: `VllmTriageVllmUnreachable`, `VllmTargetDown`, "
+    "`VllmTriageEngineWedged`, `VllmErrorsSloBurnFast`, `VllmTriageKvCacheSaturated` and `VllmTriagePreemptionStorm` (preemptions "
+    "recompute work a batch pays for), `VllmTriageGpuStarved` and the GPU health alerts. A throughput objective is the batch "
+    "service's: the overview's output tokens per second against what the envelope says this configuration delivers at that load."
+)
 
 
 _SLO_STEPS = {
@@ -887,8 +927,8 @@ _VLLM_ALERT_STEPS = {
         "`vllm`, its URL is wrong or vLLM does not answer (`vllm_unreachable` says which); "
         "`gpu`, no NVML in the container (the NVIDIA runtime refused NVIDIA_VISIBLE_DEVICES, or no GPU on the node: a "
         "sidecar watching a remote vLLM has none of its GPUs) — set `triage.gpu.enabled: false`, or `gpu_source: dcgm`; "
-        "`process` or `gil`, the pod does not share its process namespace or the sidecar lacks SYS_PTRACE — set "
-        "`profiler.enabled: true` in the chart, or remove the source from `sources`."
+        "`process`, the pod does not share its process namespace (the chart's `triage.processView`, on by default); `gil`, the "
+        "sidecar lacks SYS_PTRACE — set `profiler.enabled: true` in the chart, or remove the source from `sources`."
     ),
 }
 

@@ -222,9 +222,18 @@ def test_a_stopped_engine_core_is_engine_wedged_with_its_stacks_and_clears_after
     sidecar.wait_for(lambda: not any(sidecar.active().values()), 60, "every condition cleared after the engine resumed")
 
 
-def test_an_engine_core_that_waits_for_a_cpu_shows_its_wait(sidecar: Sidecar, vllm):
+def test_an_engine_core_that_waits_for_a_cpu_shows_its_wait(sidecar: Sidecar, vllm, tmp_path):
     """The engine core pinned (all its threads) to one CPU shared with two busy loops, as a noisy neighbour or a
-    tight cpuset would: its threads wait for that CPU, and the host layer says how long (schedstat)."""
+    tight cpuset would: its threads wait for that CPU, and the host layer says how long (schedstat). A second sidecar
+    runs as the chart's default install runs it (uid 10001, no capability, sources vllm and process: no py-spy) beside
+    vLLM, which runs as root: it reads the same processes, command line and wait from /proc, with no ptrace."""
+    plain = start_sidecar(tmp_path, vllm.url, "sources: vllm,process\n" + FAST_CADENCE, unprivileged=True)
+    plain.wait_for(lambda: len(plain.diagnosis()["discovery"]["processes"]) >= 3, 30, "vLLM's processes, read without privileges")
+    assert os.stat(f"/proc/{vllm.process.pid}").st_uid != 10001  # vLLM's processes are another user's
+    found = plain.diagnosis()["discovery"]
+    assert {"api_server", "engine_core", "worker"} <= {p["role"] for p in found["processes"]}
+    assert (found["max_num_seqs"], found["max_num_seqs_origin"]) == (16, "command_line")
+    assert "--port" in found["process_binding"]  # sockets' owners are not readable without ptrace: bound by vLLM's --port
     core = next(p["pid"] for p in sidecar.diagnosis()["discovery"]["processes"] if p["role"] == "engine_core")
     cpu = sorted(os.sched_getaffinity(core))[0]
     allowed = ",".join(map(str, sorted(os.sched_getaffinity(core))))
@@ -245,7 +254,10 @@ def test_an_engine_core_that_waits_for_a_cpu_shows_its_wait(sidecar: Sidecar, vl
         print("engine core under contention:", entry["neediest_thread"], "busiest:", entry.get("busiest_thread"))
         exported = {s.labels["role"]: s.value for s in sidecar.metrics()["vllm_triage_process_thread_runqueue_wait_ratio"]}
         assert exported["engine_core"] > 0.3, exported
+        waits = lambda: {s.labels["role"]: s.value for s in plain.metrics()["vllm_triage_process_thread_runqueue_wait_ratio"]}  # noqa: E731
+        plain.wait_for(lambda: waits().get("engine_core", 0) > 0.3, 30, "the same wait, seen by the unprivileged sidecar")
     finally:
+        plain.process.kill()
         subprocess.run(["taskset", "-a", "-cp", allowed, str(core)], check=False, capture_output=True)
         for hog in hogs:
             hog.kill()

@@ -914,3 +914,37 @@ def test_a_change_to_the_sidecars_config_alone_leaves_vllms_pod_template_as_it_w
     assert one(before, "Deployment")["spec"]["template"] == one(after, "Deployment")["spec"]["template"]
     config = [o for o in before if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
     assert config and config != [o for o in after if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
+
+
+def test_a_guessed_latency_objective_opens_a_ticket_and_one_the_team_sets_pages():
+    """The TTFT and ITL objectives are the project's guesses (a chat service's): their fast burn is a warning until an
+    install sets the target or the objective; the error burn pages as it is. A target that is no bucket bound of vLLM's
+    histogram is refused naming the nearest (it would leave the SLO's rules empty), unless vLLM's own buckets list it."""
+
+    def alerts(values: dict) -> dict[str, dict]:
+        rule = one(render({"monitoring": {"prometheusRule": values}}), "PrometheusRule")
+        return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+    default = alerts({})
+    assert [default[a]["labels"]["severity"] for a in ("VllmTtftSloBurnFast", "VllmItlSloBurnFast", "VllmErrorsSloBurnFast")] == [
+        "warning",
+        "warning",
+        "critical",
+    ]
+    set_ttft = alerts({"vllmThresholds": {"ttftTargetSeconds": 1}})
+    assert (set_ttft["VllmTtftSloBurnFast"]["labels"]["severity"], set_ttft["VllmItlSloBurnFast"]["labels"]["severity"]) == ("critical", "warning")
+    assert alerts({"vllmThresholds": {"itlObjective": 0.995}})["VllmItlSloBurnFast"]["labels"]["severity"] == "critical"
+    # the install's own word on severity still wins
+    assert (
+        alerts({"vllmThresholds": {"ttftTargetSeconds": 1}, "severity": {"VllmTtftSloBurnFast": "warning"}})["VllmTtftSloBurnFast"]["labels"]["severity"]
+        == "warning"
+    )
+    with pytest.raises(helm_python.HelmError, match=r"ttftTargetSeconds: 3 is not one of vLLM's ttft bucket bounds.*nearest are 2.5 and 5"):
+        render({"monitoring": {"prometheusRule": {"vllmThresholds": {"ttftTargetSeconds": 3}}}})
+    with pytest.raises(helm_python.HelmError, match=r"itlTargetSeconds: 0.09 .*nearest are 0.075 and 0.1"):
+        render({"monitoring": {"prometheusRule": {"vllmThresholds": {"itlTargetSeconds": 0.09}}}})
+    custom = one(
+        render({"monitoring": {"prometheusRule": {"vllmThresholds": {"ttftTargetSeconds": 3}, "sloBuckets": {"ttft": [0.5, 1, 3, 10]}}}}), "PrometheusRule"
+    )
+    records = [r["expr"] for g in custom["spec"]["groups"] for r in g["rules"] if r.get("record", "").startswith("model_name:vllm_ttft_slo")]
+    assert records and all('le=~"3([.]0)?"' in expr for expr in records)

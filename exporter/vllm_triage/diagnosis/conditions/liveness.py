@@ -179,7 +179,7 @@ VLLM_UNREACHABLE = Condition(
             "startup_grace_seconds",
             1800.0,
             "before vLLM's first answer, while its API server process runs (loading): seconds without an answer after which it is "
-            "unreachable, not starting (default: vllm_startup_seconds where set)",
+            "unreachable, not starting (default: vllm_startup_seconds where set; the chart sets it to vllm.startupSeconds)",
             option="vllm_startup_seconds",
         ),
         Threshold(
@@ -199,7 +199,7 @@ VLLM_UNREACHABLE = Condition(
             600.0,
             "before vLLM's first answer, where the sidecar sees no process beyond its own (no shared process namespace, or the "
             "process source off): seconds without an answer after which it is unreachable, not starting (default: "
-            "vllm_startup_seconds where set)",
+            "vllm_startup_seconds where set; the chart sets it to vllm.startupSeconds)",
             option="vllm_startup_seconds",
         ),
     ),
