@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 MAX_BUNDLE_BYTES = 5 * 2**20
 KEEP_BUNDLES = 10  # the newest; older ones are removed as new ones are written
 MIN_SECONDS_BETWEEN = 600.0  # per condition: a verdict that flaps writes one bundle, not one per activation
+# In every folder the sidecar writes: the bundle directory may be a volume shared with other files (bundles.volume takes
+# any), and only what carries it is ever pruned or cleaned.
+MARKER = ".vllm-triage-bundle"
 README = """An incident bundle of vllm-triage, written when {condition} became active at {when} UTC.
 
 - capture.jsonl.gz: the readings the sidecar held ({seconds:.0f} s of vLLM, its processes and the GPUs). Replay it:
@@ -55,8 +58,28 @@ def write_bundle(
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(snapshot.timestamp))
     folder = directory / f"{stamp}-{condition}"
     partial = directory / f".{folder.name}.partial"  # renamed when whole: a reader never sees half a bundle
-    shutil.rmtree(partial, ignore_errors=True)
+    _clean_partials(directory)  # a write killed with the sidecar (bundles are written one at a time)
     partial.mkdir()
+    try:
+        _fill(partial, condition, snapshot, trail, readings, target, stack_dumps)
+        partial.rename(folder)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # a full volume keeps no half bundle
+        raise
+    _prune(directory, folder)
+    return folder
+
+
+def _fill(
+    partial: Path,
+    condition: str,
+    snapshot: Snapshot,
+    trail: Sequence[Snapshot],
+    readings: Sequence[Reading],
+    target: str,
+    stack_dumps: Sequence[dict[str, object]],
+) -> None:
+    (partial / MARKER).write_text("written by vllm-triage: an incident bundle, pruned with the others\n")
     (partial / "diagnosis.json").write_bytes(diagnosis_json(snapshot))
     verdicts = [
         {
@@ -80,9 +103,6 @@ def write_bundle(
     seconds = kept[-1].timestamp - kept[0].timestamp if kept else 0.0
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.timestamp))
     (partial / "README.txt").write_text(README.format(condition=condition, when=when, seconds=seconds))
-    partial.rename(folder)
-    _prune(directory)
-    return folder
 
 
 def load_shape(readings: Sequence[Reading]) -> dict[str, object]:
@@ -134,9 +154,20 @@ def _write_capture(path: Path, readings: Sequence[Reading], condition: str, targ
             writer.write(reading)
 
 
-def _prune(directory: Path) -> None:
-    bundles = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for old in bundles[:-KEEP_BUNDLES]:
+def _ours(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+
+
+def _clean_partials(directory: Path) -> None:
+    for partial in directory.glob(".*.partial"):
+        if _ours(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _prune(directory: Path, written: Path) -> None:
+    """The newest KEEP_BUNDLES of the sidecar's own bundles stay (the one just written always); nothing else is touched."""
+    bundles = sorted(p for p in directory.iterdir() if not p.name.startswith(".") and p != written and _ours(p))
+    for old in bundles[: max(0, len(bundles) - (KEEP_BUNDLES - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -294,6 +294,8 @@ class Daemon:
             folder = await asyncio.to_thread(write_bundle, directory, condition, snapshot, trail, readings, self.target, self.stack_dumps)
         except Exception as exc:  # a full or read-only volume: said, and the sidecar goes on
             log.error("%s: the incident bundle could not be written to %s: %s", condition, directory, exc)
+            # this activation is not tried again, but the condition's next one is not kept waiting MIN_SECONDS_BETWEEN
+            self._bundled[condition] = (self._bundled[condition][0], -math.inf)
         else:
             log.warning("%s: incident bundle written to %s", condition, folder)
 

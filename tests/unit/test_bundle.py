@@ -7,6 +7,8 @@ import json
 from hashlib import sha256
 from pathlib import Path
 
+import pytest
+
 from vllm_triage import bundle
 from vllm_triage.config_loader import load
 from vllm_triage.history.capture import read_readings
@@ -32,7 +34,15 @@ def test_a_hung_kernel_s_bundle_replays_to_the_same_verdict_and_holds_no_credent
 
     pipeline.replay(readings, on_tick)
     folder = written[0]
-    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "load.json", "stacks.json", "verdicts.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        bundle.MARKER,
+        "README.txt",
+        "capture.jsonl.gz",
+        "diagnosis.json",
+        "load.json",
+        "stacks.json",
+        "verdicts.json",
+    ]
     assert sum(p.stat().st_size for p in folder.iterdir()) <= bundle.MAX_BUNDLE_BYTES
     assert '"primary": "engine_wedged"' in (folder / "diagnosis.json").read_text()
     again: list = []
@@ -91,3 +101,32 @@ def test_a_killed_vllm_s_bundle_holds_its_failed_scrapes_and_the_load_it_was_und
     assert engine["requests_finishing_per_second"] > 0 and engine["requests_arriving_per_second"] > 0
     assert engine["prompt_tokens"]["requests"] == sum(engine["prompt_tokens"]["buckets"].values()) > 0
     assert 0 < engine["prompt_tokens"]["p50"] <= engine["prompt_tokens"]["p95"] and engine["output_tokens"]["mean"] > 0
+
+
+def test_pruning_touches_only_the_sidecars_own_bundles_and_never_the_one_just_written(tmp_path, monkeypatch):
+    """A shared volume (bundles.volume takes any) holds other folders and files: they stay whatever their names. A bundle
+    whose name sorts before the others (a clock set back) is still kept as the newest written. A write killed with the
+    sidecar leaves a partial folder that the next write removes; a write that fails (a full volume) leaves none."""
+    monkeypatch.setattr(bundle, "KEEP_BUNDLES", 2)
+    others = [tmp_path / "aaa-model-cache", tmp_path / "00000000T000000Z-notes"]
+    for other in others:
+        other.mkdir()
+        (other / "keep.txt").write_text("not the sidecar's")
+    (tmp_path / "readme.txt").write_text("not a folder")
+    killed = tmp_path / ".20260101T000000Z-engine_wedged.partial"
+    killed.mkdir()
+    (killed / bundle.MARKER).write_text("")
+    snapshot = Pipeline(load(env={})).evaluate(2_000_000_000.0)
+    written = [bundle.write_bundle(tmp_path, "engine_wedged", Pipeline(load(env={})).evaluate(t), [], [], "http://vllm:8000") for t in (2e9 + 1, 2e9 + 2)]
+    assert not killed.exists()
+    early = bundle.write_bundle(tmp_path, "vllm_unreachable", Pipeline(load(env={})).evaluate(1_000_000.0), [], [], "http://vllm:8000")
+    assert early.exists() and all(o.exists() and (o / "keep.txt").exists() for o in others) and (tmp_path / "readme.txt").exists()
+    assert sorted(p for p in tmp_path.iterdir() if (p / bundle.MARKER).exists()) == sorted([early, written[-1]])
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bundle, "load_shape", full)
+    with pytest.raises(OSError):
+        bundle.write_bundle(tmp_path, "engine_wedged", snapshot, [], [], "http://vllm:8000")
+    assert not list(tmp_path.glob(".*.partial"))

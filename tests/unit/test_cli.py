@@ -11,6 +11,7 @@ import tarfile
 import time
 
 import pytest
+from vllm_triage.bundle import MARKER
 from vllm_triage.cli import main
 from vllm_triage.config import OPTIONS
 from vllm_triage.history.capture import CaptureWriter, demo_capture_path, read_description, read_readings
@@ -173,7 +174,7 @@ def test_bundle_fetches_a_running_sidecar_s_incident_bundle_that_replays(tmp_pat
         archive.extractall(tmp_path / "unpacked", filter="data")
     (folder,) = (tmp_path / "unpacked").iterdir()
     assert folder.name.endswith("-asked")
-    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "capture.jsonl.gz", "diagnosis.json", "load.json", "stacks.json", "verdicts.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [MARKER, "README.txt", "capture.jsonl.gz", "diagnosis.json", "load.json", "stacks.json", "verdicts.json"]
     assert json.loads((folder / "diagnosis.json").read_text())["discovery"]["vllm_version"] == "0.26.0"
     assert list(read_readings(folder / "capture.jsonl.gz")) and main(["replay", str(folder / "capture.jsonl.gz")]) == 0
     assert main(["bundle", "--url", sidecar.url, "--timeout", "2"]) == 1
