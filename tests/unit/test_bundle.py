@@ -8,7 +8,6 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
-
 from vllm_triage import bundle
 from vllm_triage.config_loader import load
 from vllm_triage.history.capture import read_readings
