@@ -19,10 +19,11 @@ from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
+from vllm_triage.diagnosis.condition import RUNBOOK_URL
 from vllm_triage.diagnosis.conditions import CONDITIONS, VLLM_CONDITIONS, Condition, gpu, host
 from vllm_triage.sources.vllm import spellings
 
-from .rules import RUNBOOK_URL, SELECT, exported_reads, recording_rules
+from .rules import SELECT, exported_reads, recording_rules
 
 # Each condition's section (meaning, evidence, next actions): GitHub anchors are the condition ids.
 CONDITIONS_URL = RUNBOOK_URL.replace("runbooks.md", "conditions.md")

@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_triage.diagnosis.condition import RUNBOOK_URL, alert_name
 from vllm_triage.diagnosis.conditions import CONDITIONS, CONDITIONS_BY_ID, PRECEDENCE, Condition
 from vllm_triage.diagnosis.engine import actions_for
 from vllm_triage.exposition import exported_signal
 from vllm_triage.model import HISTOGRAM_SUFFIXES
 from vllm_triage.sources.vllm import spellings
 
-RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
 # Scrape jobs, as the Helm chart and the compose stack name them; regenerate to change.
 VLLM_JOB = 'job="vllm"'
 SIDECAR_JOB = 'job="vllm-triage"'
@@ -65,10 +65,6 @@ KEEP_FIRING_FOR = "5m"
 # Capacity is a warning with a longer `for` (llm-d's tiers): an autoscaler or a ticket handles it; pages are for users' harm.
 CAPACITY = ("kv_cache_saturated", "queue_backlog", "preemption_storm")
 CAPACITY_FOR = "10m"
-
-
-def alert_name(condition_id: str) -> str:
-    return "VllmTriage" + "".join(part.capitalize() for part in condition_id.split("_"))
 
 
 def _anchor(name: str) -> str:

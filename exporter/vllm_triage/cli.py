@@ -148,10 +148,20 @@ def _history_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--step", type=_seconds, default=2.0, help="With --prometheus: seconds between the points read (vLLM's scrape interval). Default 2.")
 
 
+EXIT_CODES = """exit codes:
+  0    done (diagnose: nothing active at --fail-on's severity or above)
+  1    diagnose: a verdict active at --fail-on's severity or above, or vLLM never answered; report, bundle: the sidecar
+       did not answer; a file could not be read or written
+  2    a wrong flag, config value or capture, named on standard error
+  130  interrupted"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-triage",
         description="Tells why a vLLM server is slow: joins vLLM's metrics, the GPUs and the host, and exports the diagnosis.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vllm-triage {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -175,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _history_flags(diagnose)
     diagnose.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
+    diagnose.add_argument("--verbose", action="store_true", help="The report with the next actions for causes not observed too.")
     diagnose.add_argument(
         "--fail-on",
         choices=("critical", "warning", "info"),
@@ -191,6 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"The sidecar's address. Default http://127.0.0.1:{DEFAULT_PORT}.")
     report.add_argument("--json", action="store_true", help="Print the /diagnosis JSON instead of the report.")
     report.add_argument("--condition", metavar="ID", help="With --json: only this condition's verdict, evidence and next actions.")
+    report.add_argument("--verbose", action="store_true", help="The report with the next actions for causes not observed too.")
     report.add_argument("--timeout", type=_seconds, default=10.0, help="Give up after this many seconds. Default 10.")
     report.add_argument(
         "--html",
@@ -269,7 +281,7 @@ def _bundle(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     """GET /report or /diagnosis from a running sidecar and print it (or /report.html, written to a file)."""
-    url = args.url.rstrip("/") + ("/report.html" if args.html else "/diagnosis" if args.json else "/report")
+    url = args.url.rstrip("/") + ("/report.html" if args.html else "/diagnosis" if args.json else "/report?verbose=1" if args.verbose else "/report")
     fetched = _from_sidecar(url, args.timeout)
     if fetched is None:
         return 1
@@ -382,7 +394,7 @@ def _print_diagnosis(args: argparse.Namespace, snapshot: Snapshot, target: str) 
     if args.json:
         print(diagnosis_json(snapshot).decode())
     else:
-        print(format_report(snapshot, target), end="")
+        print(format_report(snapshot, target, verbose=args.verbose), end="")
     # vLLM never read: the finding is the outage, and no other verdict could be made (exit 1, as a check would)
     never_read = any(h.source == VLLM_SOURCE and h.last_success_timestamp is None and h.up is False for h in snapshot.sources)
     worst = SEVERITY_ORDER[args.fail_on] if args.fail_on else -1
@@ -452,9 +464,17 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = commands.choices[command]
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser: its usage, not the top level's
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "diagnose":  # --at is a time with --prometheus, an offset into a capture otherwise
         try:
             args.at = _time(args.at) if args.prometheus and args.at else (_offset(args.at) if args.at is not None else None)

@@ -19,7 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .diagnosis.conditions import CONDITIONS_BY_ID
 from .model import Snapshot, diagnosis_json
-from .report import format_report
+from .report import format_report, headline
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -345,7 +345,11 @@ def probe_answer(outlets: Outlets, path: str) -> tuple[int, str]:
 
 def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Application:
     gzipped = {openmetrics: _LastResult[bytes](partial(gzip.compress, compresslevel=1)) for openmetrics in (False, True)}
-    report_of = _LastResult[Snapshot](lambda snapshot: format_report(snapshot, outlets.target).encode())
+
+    def report_text(verbose: bool, snapshot: Snapshot) -> bytes:
+        return format_report(snapshot, outlets.target, verbose).encode()
+
+    report_of = {verbose: _LastResult[Snapshot](partial(report_text, verbose)) for verbose in (False, True)}
     diagnosis_of = _LastResult[Snapshot](diagnosis_json)  # on request: most ticks are never asked for
 
     async def metrics(request: web.Request) -> web.StreamResponse:
@@ -367,11 +371,12 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
             return web.Response(status=503, body=body, content_type="application/json")
         return web.Response(body=diagnosis_of(outlets.snapshot), content_type="application/json")
 
-    async def report(_: web.Request) -> web.StreamResponse:
+    async def report(request: web.Request) -> web.StreamResponse:
         snapshot = outlets.snapshot
         if snapshot is None:
             return web.Response(status=503, text="starting: no evaluation yet\n")
-        return web.Response(body=report_of(snapshot), content_type="text/plain", charset="utf-8")
+        verbose = request.query.get("verbose", "") not in ("", "0", "false")
+        return web.Response(body=report_of[verbose](snapshot), content_type="text/plain", charset="utf-8")
 
     async def report_page(_: web.Request) -> web.StreamResponse:
         if outlets.snapshot is None:
@@ -386,7 +391,7 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
         return web.Response(body=body, content_type="application/gzip", headers=headers)
 
     async def index(_: web.Request) -> web.StreamResponse:
-        return web.Response(text=landing_page(outlets.snapshot), content_type="text/html")
+        return web.Response(text=landing_page(outlets.snapshot, outlets.target), content_type="text/html")
 
     app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]  # aiohttp's own alias is looser
     app.router.add_get("/", index)
@@ -400,15 +405,21 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     return app
 
 
-def landing_page(snapshot: Snapshot | None) -> str:
+LANDING_REFRESH_SECONDS = 15
+
+
+def landing_page(snapshot: Snapshot | None, target: str = "") -> str:
+    """The primary verdict first (the report's first screen), then the links, then every condition; reloads itself."""
     rows = ""
     if snapshot is not None:
-        for v in snapshot.verdicts:
+        order = {"active": 0, "unknown": 1, "inactive": 2}
+        for v in sorted(snapshot.verdicts, key=lambda v: (order.get(v.state, 3), v.condition)):
             rows += f"<tr><td>{html.escape(v.condition)}</td><td>{v.state}</td><td>{v.severity}</td><td>{html.escape(v.summary)}</td></tr>"
-    status = "" if snapshot is not None else "<p>Starting: no evaluation yet.</p>"
+    status = f"<pre>{html.escape(chr(10).join(headline(snapshot, target)))}</pre>" if snapshot is not None else "<p>Starting: no evaluation yet.</p>"
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>vllm-triage</title></head>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{LANDING_REFRESH_SECONDS}"><title>vllm-triage</title></head>
 <body><h1>vllm-triage</h1>
+{status}
 <p>Why is this vLLM slow? Endpoints:</p>
 <ul>
 <li><a href="metrics">/metrics</a> Prometheus metrics (OpenMetrics when asked)</li>
@@ -418,7 +429,7 @@ def landing_page(snapshot: Snapshot | None) -> str:
 <li><a href="bundle.tar.gz">/bundle.tar.gz</a> the incident bundle of this moment: the window's capture, the verdicts, the stacks</li>
 <li><a href="healthz">/healthz</a> process alive, <a href="readyz">/readyz</a> first evaluation done</li>
 <li><a href="engine-liveness">/engine-liveness</a> 503 while vLLM's engine is hung (engine_wedged; opt-in: engine_liveness_endpoint)</li>
-</ul>{status}
+</ul>
 <table border="1" cellpadding="4"><tr><th>condition</th><th>state</th><th>severity</th><th>summary</th></tr>{rows}</table>
 </body></html>
 """

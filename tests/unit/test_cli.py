@@ -261,3 +261,14 @@ def test_log_format_writes_one_parseable_record_per_line(log_format):
             entries.append({key: json.loads(value) if value.startswith('"') else value for key, value in re.findall(pairs, line)})
     assert any(e["msg"].startswith("demo: replaying") and e["level"] == "info" for e in entries), err
     assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)
+
+
+def test_a_wrong_flag_is_named_with_its_commands_usage_and_help_lists_the_exit_codes(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--bogus"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "vllm-triage serve: error: unrecognized arguments: --bogus" in err and "usage: vllm-triage serve" in err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit codes:" in out and re.search(r"^  2 +a wrong flag", out, re.M) and re.search(r"^  130 +interrupted", out, re.M)

@@ -9,6 +9,17 @@ from ..model import VLLM_SOURCE
 from ..scope import ScopeKind
 from .judge import Judge, Term
 
+# Where each alert's runbook section is (the generated docs/runbooks.md): the alerts, the report and the pages link it.
+RUNBOOK_URL = "https://github.com/vllm-triage/vllm-triage/blob/main/docs/runbooks.md"
+
+
+def alert_name(condition_id: str) -> str:
+    return "VllmTriage" + "".join(part.capitalize() for part in condition_id.split("_"))
+
+
+def runbook_url(condition_id: str) -> str:
+    return f"{RUNBOOK_URL}#{alert_name(condition_id).lower()}"
+
 
 @dataclass(frozen=True)
 class Threshold:
