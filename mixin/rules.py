@@ -586,8 +586,12 @@ def _condition_tests() -> list[dict[str, Any]]:
         if now and cid == "vllm_unreachable":  # its readings absent (a sidecar of an older version): no bare "Now:."
             bare = f" Cause: {cause}. First step: {first_step(c, cause)}" if cause else f" First step: {first_step(c, None)}"
             alone = [dict(s) for s in series if s["series"].startswith(("vllm_triage_condition_active", "vllm_triage_condition_cause"))]
-            alert = {"exp_labels": dict(expected_labels), "exp_annotations": {**tests[-1]["alert_rule_test"][1]["exp_alerts"][0]["exp_annotations"]}}
-            alert["exp_annotations"]["description"] = f"{c.meaning}{bare} See /diagnosis on 10.0.0.1:10290 for the evidence."
+            annotations = {
+                "summary": f"llm/vllm-0: {c.summary}",
+                "description": f"{c.meaning}{bare} See /diagnosis on 10.0.0.1:10290 for the evidence.",
+                "runbook_url": rule["annotations"]["runbook_url"],
+            }
+            alert = {"exp_labels": dict(expected_labels), "exp_annotations": annotations}
             tests.append(
                 {"interval": "1m", "input_series": alone, "alert_rule_test": [{"eval_time": f"{5 + late}m", "alertname": rule["alert"], "exp_alerts": [alert]}]}
             )
