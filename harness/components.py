@@ -5,6 +5,7 @@ the integration tests judge with."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,14 +99,28 @@ UNPRIVILEGED = ("setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", "
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def unprivileged_sidecar_command() -> list[str]:
-    """`vllm-triage` as uid 10001 without capabilities; fails the test where that cannot run here."""
+# What `serve` with the vllm and process sources imports (its modules found in the venv are copied for the other user).
+SERVE_IMPORTS = "import vllm_triage.cli, vllm_triage.daemon, vllm_triage.server, vllm_triage.sources.process, vllm_triage.sources.vllm"
+
+
+def unprivileged_sidecar_command(home: Path) -> list[str]:
+    """`vllm-triage` as uid 10001 without capabilities; fails the test where that cannot run here. The package and the
+    libraries it imports are copied under `home` (readable by everyone): the checkout and its venv may lie in a folder
+    only root may enter."""
     site = next((BIN.parent / "lib").glob("python3.*/site-packages"))
     version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(f'python{sys.version_info[0]}.{sys.version_info[1]}')"], capture_output=True, text=True)
     if version.stdout.strip() != site.parent.name:
         pytest.fail(f"{SYSTEM_PYTHON} is {version.stdout.strip() or version.stderr.strip()}, the venv's packages are for {site.parent.name}")
-    path = f"{REPO / 'exporter'}:{site}"
-    return ["env", f"PYTHONPATH={path}", *UNPRIVILEGED, SYSTEM_PYTHON, "-c", "import sys; from vllm_triage.cli import main; sys.exit(main())"]
+    listing = f"{SERVE_IMPORTS}; import sys; print('\\n'.join(sorted({{m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)}})))"
+    files = subprocess.run([str(BIN / "python"), "-c", listing], capture_output=True, text=True, check=True).stdout.split()
+    tops = {Path(f).relative_to(site).parts[0] for f in files if Path(f).is_relative_to(site)}
+    copied = home / "site"
+    for top in tops:
+        (shutil.copytree if (site / top).is_dir() else shutil.copy2)(site / top, copied / top)
+    shutil.copytree(REPO / "exporter" / "vllm_triage", copied / "vllm_triage", dirs_exist_ok=True)
+    for path in [copied, *copied.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return ["env", f"PYTHONPATH={copied}", *UNPRIVILEGED, SYSTEM_PYTHON, "-c", "import sys; from vllm_triage.cli import main; sys.exit(main())"]
 
 
 def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str, unprivileged: bool = False, port: int | None = None) -> Sidecar:
@@ -119,7 +134,7 @@ def start_sidecar(tmp_path: Path, vllm_url: str, config_text: str, *extra: str, 
     port = port or vllm_server.free_port()
     log_path = tmp_path / "sidecar.log"
     log = open(log_path, "ab")
-    command = unprivileged_sidecar_command() if unprivileged else [str(BIN / "vllm-triage")]
+    command = unprivileged_sidecar_command(home) if unprivileged else [str(BIN / "vllm-triage")]
     process = subprocess.Popen(
         [*command, "serve", "--config", str(config), "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}", *extra],
         stdout=log,

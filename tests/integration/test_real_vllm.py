@@ -107,8 +107,9 @@ def test_prefix_caching_that_never_hits_names_the_block_size_and_a_prefix_of_a_b
         short.stop()
     long = start_load(vllm.url, clients=4, prompt_words=20, max_tokens=16, shared_prefix_words=300)
     try:
+        # the hits first: on a loaded machine a window can clear the verdict with no query in it before vLLM counts a hit
+        sidecar.wait_for(lambda: sidecar.diagnosis()["signals"]["all"]["prefix_cache_hits_since_start"] > 0, 60, "prefix cache hits")
         TIMINGS["feature_ineffective cleared"] = sidecar.wait_for(lambda: sidecar.active()["feature_ineffective"] == 0.0, 60, "feature_ineffective cleared")
-        assert sidecar.diagnosis()["signals"]["all"]["prefix_cache_hits_since_start"] > 0
     finally:
         long.stop()
 
