@@ -605,6 +605,8 @@ def fleet() -> dict[str, Any]:
         "pod:vllm_num_requests_waiting:avg5m": ("Waiting per replica (one far above its siblings: imbalance)", "{{namespace}} {{model_name}} {{pod}}"),
         "model_name:vllm_time_to_first_token_seconds:p95_5m": ("TTFT p95 by model", "{{namespace}} {{model_name}}"),
         "namespace:vllm_triage_gpu_sm_active_ratio:avg": ("Mean GPU SM activity by namespace", "{{namespace}}"),
+        "namespace_model_name:vllm_triage_replicas:count": ("Replicas by model (starting ones not counted)", "{{namespace}} {{model_name}}"),
+        "namespace_model_name:vllm_triage_replicas_answering:count": ("Replicas answering by model", "{{namespace}} {{model_name}}"),
     }
     descriptions = {
         "namespace_condition:vllm_triage_condition_active:sum": "How many servers have each condition active: a condition on many servers at once "
@@ -622,6 +624,10 @@ def fleet() -> dict[str, Any]:
         "replicas: queueing and prefill together.",
         "namespace:vllm_triage_gpu_sm_active_ratio:avg": "Mean SM activity of the watched GPUs (GPM): low while requests wait is a starved or "
         "hung engine, not a busy GPU.",
+        "namespace_model_name:vllm_triage_replicas:count": "Each model's replicas as their sidecars name the model they serve, those still "
+        "starting left out: what VllmModelUnavailable divides by.",
+        "namespace_model_name:vllm_triage_replicas_answering:count": "Each model's replicas whose vLLM answers its sidecar: under half of the "
+        "replicas above pages (VllmModelUnavailable); one replica missing is a ticket.",
     }
     for rule in recording_rules():
         title, legend = titles[rule["record"]]

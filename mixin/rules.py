@@ -65,6 +65,12 @@ KEEP_FIRING_FOR = "5m"
 # Capacity is a warning with a longer `for` (llm-d's tiers): an autoscaler or a ticket handles it; pages are for users' harm.
 CAPACITY = ("kv_cache_saturated", "queue_backlog", "preemption_storm")
 CAPACITY_FOR = "10m"
+# Liveness pages by blast radius: one replica down (an OOM kill, a node drain, its model reloading) is a ticket once it
+# outlasts a restart, and a page once it outlasts a start-up (the chart's vllm.startupSeconds); VllmModelUnavailable pages
+# when too few of a model's replicas answer, once per model.
+REPLICA_LIVENESS = ("vllm_unreachable",)
+REPLICA_DOWN_FOR = "10m"
+REPLICA_DOWN_LONG_FOR = "30m"  # the chart's default vllm.startupSeconds (1800 s); its template writes the install's
 KV_FULL_FOR = "6m"
 
 
@@ -150,9 +156,9 @@ def condition_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
                 # The sidecar already debounced the verdict with the table's for/clear_for; keep_firing_for rides
                 # through a sidecar restart or missed scrapes, so that one incident is one notification.
                 "expr": select("vllm_triage_condition_active", f'condition="{c.id}"') + " == 1",
-                **({"for": CAPACITY_FOR} if c.id in CAPACITY else {}),
+                **({"for": CAPACITY_FOR} if c.id in CAPACITY else {"for": REPLICA_DOWN_FOR} if c.id in REPLICA_LIVENESS else {}),
                 "keep_firing_for": KEEP_FIRING_FOR,
-                "labels": {"severity": c.severity},
+                "labels": {"severity": "warning" if c.id in REPLICA_LIVENESS else c.severity},
                 "annotations": {
                     "summary": f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: {c.summary}",
                     "description": f"{c.meaning}{_values_text(c)}{_cause_text(c)} See /diagnosis on {{{{ $labels.instance }}}} for the evidence.",
@@ -278,6 +284,12 @@ VLLM_THRESHOLDS: dict[str, dict[str, Any]] = {
         "default": _KV_SATURATED["usage_peak_min"],
         "what": "... and its 5-minute peak, at or above",
         "format": ">= %v and",
+    },
+    "replicasAnsweringMin": {
+        "rules": ["VllmModelUnavailable"],
+        "default": 0.5,
+        "what": "share of a model's replicas that answer, below which the model pages",
+        "format": "< %v",
     },
     "requestsWaitingMin": {
         "rules": ["VllmRequestsWaiting", "VllmRequestsWaitingPersistent"],
@@ -410,14 +422,44 @@ def vllm_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
         {
             "alert": "VllmTargetDown",
             # Not while the pod's sidecar says vLLM is still loading its model (a pod start, a rollout: minutes), nor while a
-            # new pod's sidecar has not started.
+            # new pod's sidecar has not started. One replica: a ticket once it outlasts a restart (the model-level alert pages).
             "expr": f"{select('up', VLLM_JOB)} == 0 and on (namespace, pod) {not_a_start}",
-            "for": "2m",
-            "labels": {"severity": "critical"},
+            "for": REPLICA_DOWN_FOR,
+            "labels": {"severity": "warning"},
             "annotations": {
                 "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: Prometheus cannot scrape vLLM",
-                "description": "vLLM's /metrics on {{ $labels.instance }} has failed for 2 minutes: the server is down, restarting or hung.",
+                "description": "vLLM's /metrics on {{ $labels.instance }} has failed for 10 minutes: the server is down, restarting or hung.",
                 "runbook_url": f"{RUNBOOK_URL}#vllmtargetdown",
+            },
+        },
+        {
+            "alert": "VllmTriageVllmUnreachableLong",
+            # one replica down for longer than a start-up may take: no restart brings it back by itself
+            "expr": select("vllm_triage_condition_active", 'condition="vllm_unreachable"') + " == 1",
+            "for": REPLICA_DOWN_LONG_FOR,
+            "keep_firing_for": KEEP_FIRING_FOR,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.pod }}: vLLM has been unreachable for longer than a start-up",
+                "description": "The sidecar has not read vLLM's metrics for longer than the pod's start-up budget: it is not restarting, it "
+                "is down (the sidecar's vllm_unreachable cause says how). See /diagnosis on {{ $labels.instance }} for the evidence.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmtriagevllmunreachablelong",
+            },
+        },
+        {
+            "alert": "VllmModelUnavailable",
+            # the share of a model's replicas whose vLLM answers (their sidecars' vllm source up), of those neither starting
+            # nor gone: none answers (a model of one replica), or too few
+            "expr": f"({select(ANSWERING_RECORD)} or {select(REPLICAS_RECORD)} * 0) / {select(REPLICAS_RECORD)} {VLLM_THRESHOLDS['replicasAnsweringMin']['text']}",
+            "for": "2m",
+            "keep_firing_for": KEEP_FIRING_FOR,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "{{ $labels.namespace }}/{{ $labels.model_name }}: {{ $value | humanizePercentage }} of the model's replicas answer",
+                "description": "Too few of the model's replicas answer (their vLLM does not, past its start-up): users of the model get "
+                "errors or wait. An empty model name: pods whose vLLM never answered and whose command line names no model. "
+                "The pods' own VllmTriageVllmUnreachable tickets name each replica's cause.",
+                "runbook_url": f"{RUNBOOK_URL}#vllmmodelunavailable",
             },
         },
         {
@@ -446,10 +488,30 @@ def vllm_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
     ]
 
 
+REPLICAS_RECORD = "namespace_model_name:vllm_triage_replicas:count"
+ANSWERING_RECORD = "namespace_model_name:vllm_triage_replicas_answering:count"
+
+
+def replica_records(select: Selectors) -> list[dict[str, str]]:
+    """A model's replicas, and those whose vLLM answers: each pod counted under the model its sidecar says it serves (what
+    it said last, for 10 minutes, while it cannot be scraped and its target exists), a pod still starting in neither."""
+    info = select("vllm_triage_vllm_model_info")
+    # what the sidecar says now, else (its restart, a missed scrape) what it said last within 10 minutes
+    served = f"({info} or (last_over_time({info}[10m]) unless on (namespace, pod) {info}))"
+    replicas = f"({served} and on (namespace, pod) {select('up', SIDECAR_JOB)}) unless on (namespace, pod) {select('vllm_triage_vllm_starting')} == 1"
+    vllm_read = select("vllm_triage_source_up", 'source="vllm"')
+    answering = f"({replicas}) and on (namespace, pod) {vllm_read} == 1"
+    return [
+        {"record": REPLICAS_RECORD, "expr": f"count by (namespace, model_name) ({replicas})"},
+        {"record": ANSWERING_RECORD, "expr": f"count by (namespace, model_name) ({answering})"},
+    ]
+
+
 def recording_rules(select: Selectors = SELECT) -> list[dict[str, str]]:
     """What the fleet dashboard and the fleet alerts read, per model or per pod across the fleet."""
     by_model = "sum by (namespace, model_name)"
     return [
+        *replica_records(select),
         {
             "record": "namespace_condition:vllm_triage_condition_active:sum",
             "expr": f"sum by (namespace, condition, severity) ({select('vllm_triage_condition_active')})",
@@ -535,7 +597,7 @@ def _condition_tests() -> list[dict[str, Any]]:
         said = (" Now:" + "".join(now) + "." if now else "") + (f" Cause: {cause}." if cause else "") + f" First step: {first_step(c, cause)}"
         description = f"{c.meaning}{said} See /diagnosis on 10.0.0.1:10290 for the evidence."
         expected_labels = {
-            "severity": c.severity,
+            "severity": rule["labels"]["severity"],
             "condition": cid,
             "layer": c.layer,
             "namespace": "llm",
@@ -621,6 +683,66 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
     full_idle = VLLM_LABELS.replace('pod="vllm-0"', 'pod="vllm-2"').replace("10.0.0.1", "10.0.0.4")
     busy_0, busy_1 = (labels.replace('model_name="m"', 'model_name="busy"') for labels in (VLLM_LABELS, healthy))
     return [
+        {  # liveness by blast radius: one of two replicas down pages nobody, both down page once for the model; a replica
+            # still starting counts in neither; a model of one replica that never answered pages once its start is over
+            "interval": "1m",
+            "input_series": [
+                *(
+                    series
+                    for pod, model, answers, starting in (
+                        ("chat-0", 'model_name="chat"', "1x3 0x25", "0x28"),
+                        ("chat-1", 'model_name="chat"', "1x8 0x20", "0x28"),
+                        ("chat-2", 'model_name="chat"', "0x28", "1x28"),  # a rollout's new pod, loading all along
+                        ("solo-0", 'model_name="solo"', "0x28", "1x5 0x23"),
+                        ("anon-0", "", "0x28", "1x5 0x23"),  # no command line seen, never answered: no model name
+                    )
+                    for series in (
+                        {
+                            "series": f'vllm_triage_vllm_model_info{{job="vllm-triage",namespace="llm",pod="{pod}"{"," + model if model else ""}}}',
+                            "values": "1x28",
+                        },
+                        {"series": f'up{{job="vllm-triage",namespace="llm",pod="{pod}"}}', "values": "1x28"},
+                        {"series": f'vllm_triage_source_up{{job="vllm-triage",namespace="llm",pod="{pod}",source="vllm"}}', "values": answers},
+                        {"series": f'vllm_triage_vllm_starting{{job="vllm-triage",namespace="llm",pod="{pod}"}}', "values": starting},
+                    )
+                ),
+            ],
+            "alert_rule_test": [
+                {
+                    "eval_time": "6m",
+                    "alertname": "VllmModelUnavailable",
+                    "exp_alerts": [],
+                },
+                {
+                    "eval_time": "12m",
+                    "alertname": "VllmModelUnavailable",
+                    "exp_alerts": [
+                        *fires("VllmModelUnavailable", "12m", {"namespace": "llm", "model_name": "chat", "severity": "critical"}, "0%")["exp_alerts"],
+                        *fires("VllmModelUnavailable", "12m", {"namespace": "llm", "model_name": "solo", "severity": "critical"}, "0%")["exp_alerts"],
+                        {
+                            "exp_labels": {"namespace": "llm", "severity": "critical"},
+                            "exp_annotations": {
+                                k: _render(v, {"namespace": "llm", "model_name": ""}, "0%") for k, v in rules["VllmModelUnavailable"]["annotations"].items()
+                            },
+                        },
+                    ],
+                },
+            ],
+        },
+        {  # one replica down past a start-up's budget: no restart brings it back, it pages
+            "interval": "1m",
+            "input_series": [
+                {"series": f'vllm_triage_condition_active{{{LABELS},condition="vllm_unreachable",layer="1",severity="critical"}}', "values": "0 0 1x40"},
+            ],
+            "alert_rule_test": [
+                silent("VllmTriageVllmUnreachableLong", "25m"),
+                fires(
+                    "VllmTriageVllmUnreachableLong",
+                    "35m",
+                    {**_parse(LABELS), "condition": "vllm_unreachable", "layer": "1", "severity": "critical"},
+                ),
+            ],
+        },
         {  # a saturated cache dips at every preemption: still pages; a busy-but-healthy one does not
             "interval": "1m",
             "input_series": [
@@ -690,33 +812,33 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
         {
             "interval": "1m",
             "input_series": [
-                {"series": 'up{job="vllm",instance="10.0.0.1:8000",namespace="llm",pod="vllm-0"}', "values": "1 1 0x10"},
-                {"series": 'up{job="vllm",instance="10.0.0.2:8000",namespace="llm",pod="vllm-1"}', "values": "1x12"},
-                {"series": 'up{job="vllm-triage",instance="10.0.0.1:10290",namespace="llm",pod="vllm-0"}', "values": "1 1 0x10"},
-                {"series": 'up{job="vllm-triage",instance="10.0.0.2:10290",namespace="llm",pod="vllm-1"}', "values": "1x12"},
-                # a rollout: the new pod's vLLM loads its model for 10 minutes, its sidecar says so; it fires only after
-                {"series": 'up{job="vllm",instance="10.0.0.3:8000",namespace="llm",pod="vllm-2"}', "values": "0x20"},
-                {"series": 'up{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x20"},
-                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x10 0x10"},
+                {"series": 'up{job="vllm",instance="10.0.0.1:8000",namespace="llm",pod="vllm-0"}', "values": "1 1 0x20"},
+                {"series": 'up{job="vllm",instance="10.0.0.2:8000",namespace="llm",pod="vllm-1"}', "values": "1x22"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.1:10290",namespace="llm",pod="vllm-0"}', "values": "1 1 0x20"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.2:10290",namespace="llm",pod="vllm-1"}', "values": "1x22"},
+                # a rollout: the new pod's vLLM loads its model for 10 minutes, its sidecar says so; it counts only after
+                {"series": 'up{job="vllm",instance="10.0.0.3:8000",namespace="llm",pod="vllm-2"}', "values": "0x30"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x30"},
+                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.3:10290",namespace="llm",pod="vllm-2"}', "values": "1x10 0x20"},
                 # a rollout with a slow image pull: vLLM's port is scraped (down) 3 minutes before its sidecar starts, which
                 # then says starting until vLLM answers: nothing fires (the expectations below name every alert that does)
-                {"series": 'up{job="vllm",instance="10.0.0.4:8000",namespace="llm",pod="vllm-3"}', "values": "0x7 1x13"},
-                {"series": 'up{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "0x2 1x18"},
-                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "_x3 1x5 0x12"},
+                {"series": 'up{job="vllm",instance="10.0.0.4:8000",namespace="llm",pod="vllm-3"}', "values": "0x7 1x23"},
+                {"series": 'up{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "0x2 1x28"},
+                {"series": 'vllm_triage_vllm_starting{job="vllm-triage",instance="10.0.0.4:10290",namespace="llm",pod="vllm-3"}', "values": "_x3 1x5 0x22"},
             ],
             "alert_rule_test": [
-                silent("VllmTargetDown", "2m"),
-                fires("VllmTargetDown", "6m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}),
-                fires("VllmTargetDown", "9m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}),
+                # one replica down: a ticket once it outlasts a restart (10 minutes), not before
+                silent("VllmTargetDown", "9m"),
+                fires("VllmTargetDown", "13m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "warning"}),
                 {
-                    "eval_time": "14m",
+                    "eval_time": "22m",
                     "alertname": "VllmTargetDown",
                     "exp_alerts": [
                         *fires(
-                            "VllmTargetDown", "14m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "critical"}
+                            "VllmTargetDown", "22m", {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm", "pod": "vllm-0", "severity": "warning"}
                         )["exp_alerts"],
                         *fires(
-                            "VllmTargetDown", "14m", {"job": "vllm", "instance": "10.0.0.3:8000", "namespace": "llm", "pod": "vllm-2", "severity": "critical"}
+                            "VllmTargetDown", "22m", {"job": "vllm", "instance": "10.0.0.3:8000", "namespace": "llm", "pod": "vllm-2", "severity": "warning"}
                         )["exp_alerts"],
                     ],
                 },
@@ -939,6 +1061,12 @@ _VLLM_ALERT_STEPS = {
     "balancing (client-IP stickiness, prefix- or KV-aware routing pinning a hot prefix to one pod) and whether the queueing pod is slower "
     "(its sidecar's verdicts: gpu_throttled, gpu_starved).",
     "VllmTargetDown": "Check the pod's restarts and the vLLM container's logs (OOM kills, CUDA errors); the sidecar's `vllm_unreachable` says the same from inside the pod.",
+    "VllmTriageVllmUnreachableLong": "The replica is not coming back by itself: follow [VllmTriageVllmUnreachable](#vllmtriagevllmunreachable)'s "
+    "cause; delete the pod if it is wedged in a state no restart leaves (an orphaned engine core holding the GPU), or cordon its node.",
+    "VllmModelUnavailable": "Users of the model are failing now. Read each down replica's ticket (VllmTriageVllmUnreachable, its cause) for "
+    "what they share: a rollout of a bad image or argument (crash_loop on every new pod: roll back), a node pool lost (process_gone "
+    "together: reschedule, add capacity), a model store or registry that is down (not_started). Scale up only if the pods that "
+    "answer are saturated too.",
     "VllmTriageDown": "Check the sidecar container (restarts, logs). The vLLM alerts above still work without it.",
     "VllmTriageSourceDown": (
         "Open `/diagnosis` on the sidecar: `sources.<name>.last_error` names the cause. By the alert's `source`: "

@@ -27,6 +27,7 @@ from .model import (
     ProcessEntry,
     ProcessMeta,
     RankEntry,
+    Reading,
 )
 from .scope import Scope, gpu_scope
 from .signals.window import ServerFacts
@@ -97,6 +98,7 @@ class Discovery:
     lost_workers: tuple[LostWorker, ...] = ()  # workers gone while their engine core runs on
     foreign_pids: tuple[int, ...] = ()  # of gpu_processes, those not vLLM's (nor its processes' children)
     api_server_flags: dict[str, str] = field(default_factory=dict)  # every flag of its command line as written
+    served_models: tuple[str, ...] = ()  # the model names vLLM serves: its command line's, else its page's
 
     def facts(self) -> ServerFacts:
         peak = self.gpu_peak
@@ -285,6 +287,7 @@ class Discovery:
             gpu_peak=None if self.gpu_peak is None else vars(self.gpu_peak),
             ranks=tuple(ranks),
             parallelism=tuple(parallelism_lines(ranks, bool(self.gpus))),
+            served_models=self.served_models,
         )
 
 
@@ -368,4 +371,19 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
         ours = {p["pid"] for p in processes}
         foreign = tuple(sorted({h["pid"] for h in held if h["pid"] not in ours})) if ours & {h["pid"] for h in held} else ()
     flags = dict(found.get("api_server_flags", {}))
-    return Discovery(value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign, flags)
+    named = args.get("served_model_name") or args.get("model")
+    served = (str(named),) if named else _page_models(vllm)
+    return Discovery(
+        value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign, flags, served
+    )
+
+
+MODELS_MAX = 8  # model names of one vLLM (--served-model-name takes several; a page with more is not one server's)
+
+
+def _page_models(reading: Reading | None) -> tuple[str, ...]:
+    """The model_name labels of vLLM's page (a vLLM whose command line is not visible)."""
+    if reading is None or not reading.ok:
+        return ()
+    names = {v for (name, labels) in reading.samples if name == "vllm:num_requests_running" for k, v in labels if k == "model_name"}
+    return tuple(sorted(names))[:MODELS_MAX]

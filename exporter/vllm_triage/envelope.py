@@ -155,6 +155,7 @@ class Envelope:
         # state file said of the last one before this sidecar started, until it is recalled (Envelope.recall).
         self._answer: tuple[float, tuple[int, float] | None] | None = None
         self.answered_before: tuple[float, tuple[int, float] | None] | None = None
+        self.served_models: tuple[str, ...] = ()  # the last model names vLLM was seen serving (its processes or its page)
         if self.path is not None:
             self._load()
 
@@ -162,6 +163,9 @@ class Envelope:
 
     def observe(self, store: Store, discovery: Discovery, now: float) -> None:
         latest = store.latest(VLLM_SOURCE)
+        if discovery.served_models and discovery.served_models != self.served_models:
+            self.served_models = discovery.served_models
+            self._saved_at = -math.inf  # which model this pod serves is kept at once: its outage still counts for that model
         if latest is not None and latest.ok:
             first = self._answer is None
             self._answer = (latest.timestamp, _api_server(store))
@@ -344,6 +348,8 @@ class Envelope:
             "changed_at": self.changed_at,
             "configurations": [{"identity": c.identity, "first_seen": c.first_seen, "points": [_row(p) for p in c.points]} for c in self.configurations],
         }
+        if self.served_models:
+            state["served_models"] = list(self.served_models)
         if answer := self._answer or self.answered_before:
             state["answered"] = {"at": answer[0], "api_server": None if answer[1] is None else list(answer[1])}
         try:
@@ -378,6 +384,7 @@ class Envelope:
                 configurations.append(Configuration(identity, float(c["first_seen"]), points))
             changed_at = state.get("changed_at")
             self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)
+            self.served_models = tuple(str(name) for name in state.get("served_models", ()))[:8]
             if answered := state.get("answered"):
                 server = answered.get("api_server")
                 self.answered_before = (float(answered["at"]), None if server is None else (int(server[0]), float(server[1])))

@@ -99,6 +99,16 @@ class SnapshotCollector(Collector):
         starting_for = GaugeMetricFamily(f"{PREFIX}_vllm_starting_seconds", "How long vLLM has been starting (0 when it is not).")
         starting_for.add_metric([], snapshot.vllm_starting_seconds or 0.0)
         yield starting_for
+        models = GaugeMetricFamily(
+            f"{PREFIX}_vllm_model_info",
+            "1 for each model name the watched vLLM serves (its command line's, else its page's, else the last known, kept "
+            "across its outages and the sidecar's restarts; empty while none is known): what counts this pod among its "
+            "model's replicas.",
+            labels=["model_name"],
+        )
+        for name in snapshot.discovery.served_models or ("",):
+            models.add_metric([name], 1.0)
+        yield models
         ranks = GaugeMetricFamily(
             f"{PREFIX}_rank_info",
             "1 for each process running the model: its engine (data-parallel rank), pipeline- and tensor-parallel rank, its role "

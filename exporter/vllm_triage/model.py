@@ -330,6 +330,9 @@ class DiscoveryView:
     gpu_peak: dict[str, Any] | None = None  # the watched GPUs' model and peaks (hardware.GpuPeak)
     ranks: tuple[RankEntry, ...] = ()
     parallelism: tuple[str, ...] = ()  # the rank map in words, one line per engine
+    # the model names vLLM serves (its command line's, else its page's, else the last known: kept across outages and the
+    # sidecar's restarts): what ties this pod to its model's other replicas (vllm_triage_vllm_model_info)
+    served_models: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: list(value) if isinstance(value := getattr(self, f.name), tuple) else value for f in fields(self)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from .catalog import lookbacks, stale_after
@@ -107,6 +108,9 @@ def evaluate(
         signals, change, usual = envelope.judged(now, wants.notes)
         derived.global_signals.update(signals)
     judgement = engine.judge(derived.inputs(wants, stuck, change, usual))
+    found = derived.discovery.view()
+    if envelope is not None and envelope.served_models and not found.served_models:  # vLLM down: the model it served
+        found = replace(found, served_models=envelope.served_models)
     return Snapshot(
         timestamp=now,
         signals=derived.shown(engine.window_seconds),
@@ -115,7 +119,7 @@ def evaluate(
         sources=derived.sources,
         evaluations=judgement.evaluations,
         window_seconds=engine.window_seconds,
-        discovery=derived.discovery.view(),
+        discovery=found,
         latest=derived.latest_exported(),
         vllm_starting_seconds=judgement.vllm_starting_seconds,
         stack_dumps=stack_dumps,

@@ -227,21 +227,22 @@ def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
             35,
             lambda: (os.kill(core, signal.SIGCONT), loads.pop().stop()),
         )
-        # vLLM killed: the sidecar and Prometheus both see it; the sidecar's alert stands in for VllmTargetDown.
+        # vLLM killed: the model's only replica is down, so the model pages (the pod's own alerts are tickets).
         mark = len(webhook.posts)
         server.kill()
         deadline = time.monotonic() + 60
         while not webhook.pages(mark) and time.monotonic() < deadline:
             time.sleep(2)
-        time.sleep(20)  # VllmTargetDown's 2 minutes and more
-        assert webhook.pages(mark) == [("VllmTriageVllmUnreachable",)], f"vLLM down: {webhook.posts[mark:]}"
+        time.sleep(20)  # VllmTargetDown's ticket and more
+        assert webhook.pages(mark) == [("VllmModelUnavailable",)], f"vLLM down: {webhook.posts[mark:]}"
         # The sidecar restarts in the outage (an OOM kill, a node's restart of the container): it recalls that vLLM answered
-        # before, so the outage is no start: the page neither resolves nor comes again (7 minutes at this speed).
+        # before and which model it served, so the outage is no start: the page neither resolves nor comes again (7 minutes
+        # at this speed).
         sidecar.process.kill()
         sidecar.process.wait()
         sidecar = start_sidecar(tmp_path, url, config, port=int(sidecar.url.rsplit(":", 1)[1]))
         time.sleep(45)
-        assert webhook.pages(mark) == [("VllmTriageVllmUnreachable",)], f"vLLM down, its sidecar restarted: {webhook.posts[mark:]}"
+        assert webhook.pages(mark) == [("VllmModelUnavailable",)], f"vLLM down, its sidecar restarted: {webhook.posts[mark:]}"
         resolved = [post for post in webhook.posts[mark:] if post[0] == "pager" and post[2] == "resolved"]
         assert not resolved, f"the page resolved while vLLM was down: {webhook.posts[mark:]}"
         assert sidecar.condition("vllm_unreachable")["state"] == "active"
@@ -382,18 +383,19 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         assert webhook.first_paged("kv-0") is None, posts
         assert any("VllmTriageKvCacheSaturated" in names for names in webhook.tickets(about="kv-0")), posts
         assert webhook.pages(about="hung-0") == [("VllmTriageEngineWedged",)], posts
-        # one incident, one page across the fleet (grouped by namespace and alert): vLLM killed, one that never starts and
-        # one that crash-loops, all in namespace llm at once, page once together; each reached the pager
-        assert [names for names in webhook.pages() if "VllmTriageVllmUnreachable" in names] == [("VllmTriageVllmUnreachable",)], posts
-        assert all(webhook.first_paged(pod) is not None for pod in ("down-0", "never-0", "crash-0")), posts
+        # liveness by blast radius: vLLM killed on one of the model's four replicas is a ticket while it could be a restart,
+        # and a page once it outlasts a start-up (30 minutes: VllmTriageVllmUnreachableLong), never before
+        assert webhook.pages(about="down-0") == [("VllmTriageVllmUnreachableLong",)], posts
+        paged = webhook.first_paged("down-0")
+        assert paged is not None and paged - first_started >= 1800 / REPLAY_SPEED - 30, f"down-0 paged {paged - first_started:.0f} s in"
+        assert any("VllmTargetDown" in names for names in webhook.tickets(about="down-0")), posts
+        # a vLLM that never starts and one that crash-loops, no model named by either: that model has no replica answering,
+        # one page for it within 5 minutes (30 s at this speed), group_wait (30 s: 3 s) included
+        assert [names for names in webhook.pages() if "VllmModelUnavailable" in names] == [("VllmModelUnavailable",)], posts
+        first = webhook.first_paged("llm")
+        assert first is not None and first - live_started <= 30 + 30, f"the model of never-0 and crash-0: on the pager {first} (started {live_started})"
         # users' harm pages through the SLO burn, once per model (its own namespace here: the burn is per model and namespace)
         assert webhook.pages(about="chat") == [("VllmTtftSloBurnFast",)], posts
-        # a vLLM that never starts, and one that crash-loops: their alert fires within 5 minutes (30 s at this speed) and joins
-        # the namespace's VllmTriageVllmUnreachable group, already paging for down-0: on the pager with the group's next
-        # update, at most group_interval (5 minutes: 30 s) later
-        for pod in ("never-0", "crash-0"):
-            first = webhook.first_paged(pod)
-            assert first is not None and first - live_started <= 30 + 30, f"{pod}: on the pager {first} (its sidecar started at {live_started})"
         causes = {(s["metric"]["pod"], s["metric"]["cause"]) for s in prometheus_causes}
         assert ("crash-0", "crash_loop") in causes, causes
         # What made them one page: the other alerts about the same incident fired and were inhibited.

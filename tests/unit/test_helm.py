@@ -948,3 +948,12 @@ def test_a_guessed_latency_objective_opens_a_ticket_and_one_the_team_sets_pages(
     )
     records = [r["expr"] for g in custom["spec"]["groups"] for r in g["rules"] if r.get("record", "").startswith("model_name:vllm_ttft_slo")]
     assert records and all('le=~"3([.]0)?"' in expr for expr in records)
+
+
+def test_one_replica_down_pages_only_past_the_pods_start_up_budget():
+    def long_for(values: dict) -> str:
+        rule = one(render(values), "PrometheusRule")
+        return next(r["for"] for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "VllmTriageVllmUnreachableLong")
+
+    assert long_for({}) == "30m" and long_for({"vllm": {"startupSeconds": 3600}}) == "60m" and long_for({"vllm": {"startupSeconds": 1000}}) == "1000s"
+    assert long_for({"monitoring": {"prometheusRule": {"for": {"VllmTriageVllmUnreachableLong": "1h"}}}}) == "1h"
