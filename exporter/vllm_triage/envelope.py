@@ -17,10 +17,12 @@ is not blamed on it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import stat
 import statistics
 import tempfile
 import time
@@ -51,6 +53,7 @@ PROMPT_TOLERANCE = 0.3  # and prompts within 30 % of the same length: a longer p
 SAVE_EVERY_SECONDS = 300.0
 USUAL_AGE_SECONDS = POINT_WINDOW_SECONDS  # "usual": the points whose windows end before the newest one begins
 STATE_VERSION = 1
+STATE_BYTES_MAX = 16 * 2**20  # a full envelope is under 1 MB
 # A process' start time read twice (psutil: boot time plus clock ticks) agrees within this.
 START_TIME_TOLERANCE_SECONDS = 1.0
 # cache_config_info labels vLLM computes at each start (the blocks its memory profile found room for): not a change.
@@ -352,13 +355,18 @@ class Envelope:
             state["served_models"] = list(self.served_models)
         if answer := self._answer or self.answered_before:
             state["answered"] = {"at": answer[0], "api_server": None if answer[1] is None else list(answer[1])}
+        written: str | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=".envelope-", delete=False) as out:
+                written = out.name
                 json.dump(state, out)
             os.replace(out.name, self.path)
             self._unwritable = False
         except OSError as error:
+            if written is not None:  # a full volume keeps no half-written copy
+                with contextlib.suppress(OSError):
+                    os.unlink(written)
             if not self._unwritable:  # said once, not every minute
                 log.warning("cannot write vLLM's envelope to %s (%s): it is kept in memory only until it can", self.path, error)
             self._unwritable = True
@@ -366,6 +374,11 @@ class Envelope:
     def _load(self) -> None:
         assert self.path is not None
         try:
+            found = os.stat(self.path)
+            if not stat.S_ISREG(found.st_mode):  # a FIFO would block the read, a device has no end
+                raise OSError(f"not a regular file (mode {stat.filemode(found.st_mode)})")
+            if found.st_size > STATE_BYTES_MAX:
+                raise OSError(f"{found.st_size} bytes, over the {STATE_BYTES_MAX} an envelope takes")
             state = json.loads(self.path.read_text())
         except FileNotFoundError:
             log.info("no envelope in %s yet: it starts now", self.path)
@@ -380,17 +393,23 @@ class Envelope:
             for c in state["configurations"][-CONFIGURATIONS_MAX:]:
                 identity = {str(k): str(v) for k, v in dict(c["identity"]).items()}
                 kept = c["points"][-self.points_max :]
-                points = deque((Point(float(a), float(n), float(t), *map(_number, rest)) for a, n, t, *rest in kept), maxlen=self.points_max)
-                configurations.append(Configuration(identity, float(c["first_seen"]), points))
-            changed_at = state.get("changed_at")
-            self.configurations, self.changed_at = configurations, None if changed_at is None else float(changed_at)
-            self.served_models = tuple(str(name) for name in state.get("served_models", ()))[:8]
+                points = deque(
+                    (Point(_time(a), _amount(n), _amount(t), *(None if v is None else _amount(v) for v in rest)) for a, n, t, *rest in kept),
+                    maxlen=self.points_max,
+                )
+                configurations.append(Configuration(identity, _time(c["first_seen"]), points))
+            changed_at = None if state.get("changed_at") is None else _time(state["changed_at"])
+            served = tuple(str(name)[:256] for name in state.get("served_models", ()))[:8]
+            answered_before = None
             if answered := state.get("answered"):
                 server = answered.get("api_server")
-                self.answered_before = (float(answered["at"]), None if server is None else (int(server[0]), float(server[1])))
-            log.info("vLLM's envelope read from %s: %d configurations", self.path, len(configurations))
+                answered_before = (_time(answered["at"]), None if server is None else (int(_amount(server[0])), _time(server[1])))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             log.warning("vLLM's envelope in %s is not one this sidecar wrote (%s): it starts again now", self.path, error)
+            return
+        self.configurations, self.changed_at = configurations, changed_at
+        self.served_models, self.answered_before = served, answered_before
+        log.info("vLLM's envelope read from %s: %d configurations", self.path, len(configurations))
 
 
 def _api_server(store: Store) -> tuple[int, float] | None:
@@ -414,5 +433,19 @@ def _row(point: Point) -> list[float | None]:
     return [point.at, point.in_flight, point.tokens_per_second_per_request, point.itl_seconds, point.ttft_seconds, point.prompt_tokens]
 
 
-def _number(value: Any) -> float | None:
-    return None if value is None else float(value)
+TIME_MAX = 2.0**33  # seconds since 1970: the year 2242; a time past it (1e300) or NaN is no time this sidecar wrote
+AMOUNT_MAX = 1e12
+
+
+def _time(value: Any) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and 0.0 <= number <= TIME_MAX):
+        raise ValueError(f"{value!r} is no time")
+    return number
+
+
+def _amount(value: Any) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and 0.0 <= number <= AMOUNT_MAX):
+        raise ValueError(f"{value!r} is no count, rate or duration")
+    return number

@@ -166,3 +166,34 @@ def test_a_sidecar_restarted_while_a_new_vllm_loads_judges_it_starting(tmp_path)
     first.envelope.save()
     ticks = unreachable_and_starting(Pipeline(config), during)
     assert {state for _, state, _ in ticks} == {"inactive"} and all(starting is not None for _, _, starting in ticks[1:])
+
+
+def test_a_state_file_with_impossible_numbers_a_fifo_or_a_failed_save_starts_again_and_judging_goes_on(tmp_path, caplog, monkeypatch):
+    """A changed_at of 1e300 or NaN once made every evaluation fail, and a clean stop wrote it back; a FIFO in the file's
+    place blocked the start; a save that failed left its temporary file. Each is refused with a warning, judging goes on."""
+    import os
+
+    state = tmp_path / "envelope.json"
+    good = {"version": 1, "changed_at": None, "configurations": [{"identity": {"version": "0.26.0"}, "first_seen": 1.0e9, "points": []}]}
+    for bad in ({**good, "changed_at": 1e300}, {**good, "changed_at": float("nan")}, {**good, "answered": {"at": -5, "api_server": None}}):
+        state.write_text(json.dumps(bad))
+        with caplog.at_level(logging.WARNING, logger="vllm_triage.envelope"):
+            envelope = Envelope(str(state), tick_seconds=2.0)
+        assert envelope.configurations == [] and envelope.changed_at is None and envelope.answered_before is None
+        assert "is not one this sidecar wrote" in caplog.text and "starts again now" in caplog.text
+        caplog.clear()
+        states = regression_states(graphs_half(), state)  # evaluations go on and write a good file over it
+        assert "inactive" in states and json.loads(state.read_text())["changed_at"] is None
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with caplog.at_level(logging.WARNING, logger="vllm_triage.envelope"):
+        envelope = Envelope(str(fifo), tick_seconds=2.0)  # returns: nothing waits for a writer
+    assert envelope.configurations == [] and "not a regular file" in caplog.text
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", full)
+    writing = Envelope(str(tmp_path / "full" / "envelope.json"), tick_seconds=2.0)
+    writing.save()
+    assert list((tmp_path / "full").iterdir()) == []
