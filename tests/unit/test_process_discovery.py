@@ -534,3 +534,27 @@ def test_a_crash_looping_api_server_is_counted_and_a_loading_one_is_timed_on_rea
         for process in (loading, other):
             process.kill()
             process.wait()
+
+
+def test_a_process_entered_into_the_sidecars_own_container_is_no_view_of_vllms(monkeypatch):
+    """`kubectl exec ... vllm-triage report` or the image's HEALTHCHECK start processes in the sidecar's own container: they
+    are not vLLM's, and a sidecar without a shared process namespace must not take them for a view of vLLM's processes
+    (the start-up wait would drop from the budget to not_started_seconds). Processes in another cgroup (another
+    container: the pod's pause process, vLLM's) are."""
+    from vllm_triage.sources import process
+
+    entered = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # not the sidecar's child or parent
+    try:
+        real = process._cgroup_of
+        visible = {os.getpid(), entered.pid}
+        monkeypatch.setattr(process.psutil, "pids", lambda: sorted(visible))
+        monkeypatch.setattr(process, "_own_tree", lambda: {os.getpid()})
+        monkeypatch.setattr(process, "_cgroup_of", lambda pid: "0::/kubepods/pod1/sidecar\n")
+        source = ProcessSource(port=free_port())
+        assert source.collect().process_meta().get("process_view") is False
+        monkeypatch.setattr(process, "_cgroup_of", lambda pid: "0::/kubepods/pod1/pause\n" if pid == entered.pid else "0::/kubepods/pod1/sidecar\n")
+        assert ProcessSource(port=free_port()).collect().process_meta()["process_view"] is True
+        assert real(os.getpid())  # readable by anyone, as the check needs
+    finally:
+        entered.kill()
+        entered.wait()

@@ -225,11 +225,14 @@ class ProcessSource:
         # A namespace does not change under a running sidecar: once a view is seen (vLLM's processes, or any not its
         # own) it stays, and the sidecar's own tree (a second walk of every process) is not read again.
         own = set() if self.process_view else _own_tree()
+        # a process started in the sidecar's own container (kubectl exec, its image's HEALTHCHECK) is no view of vLLM's:
+        # only one in another container (another cgroup) counts
+        mine = None if self.process_view else _cgroup_of(os.getpid())
         others = 0
         now = time.monotonic()
         seen: dict[tuple[int, bytes], tuple[float, str | None, psutil.Process | None, list[str]]] = {}
         for pid in psutil.pids():
-            others += pid not in own
+            others += pid not in own and (mine is None or _cgroup_of(pid) != mine)
             started = _start_ticks(pid)
             if started is None:
                 continue  # gone since the listing
@@ -574,6 +577,15 @@ def _thread_name(pid: int, tid: int) -> str:
             return handle.read().strip()
     except OSError:
         return "?"
+
+
+def _cgroup_of(pid: int) -> str | None:
+    """The process' cgroups (/proc/PID/cgroup, readable by anyone): which container it runs in; None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            return handle.read(4096)
+    except OSError:
+        return None
 
 
 def _cgroup_stat_path(pid: int) -> str | None:
