@@ -39,6 +39,7 @@ from .webconfig import OPEN_PATHS, WebConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ASKED_BUNDLE_SECONDS = 30.0  # GET /bundle.tar.gz builds at most one bundle this often; the requests between share it
 BUNDLE_WAITS_FOR_STACKS_SECONDS = 3.0  # the stack dump the verdict asked for goes in its bundle, unless it takes longer
 
 
@@ -97,7 +98,8 @@ class Daemon:
         self._dumping: asyncio.Task[None] | None = None
         self._bundled: dict[str, tuple[float | None, float]] = {}  # condition -> (the activation bundled, when)
         self._bundling: asyncio.Task[None] | None = None
-        self._archive_lock = asyncio.Lock()
+        self._asked: tuple[float, bytes] | None = None  # the last bundle asked for: when it was built (monotonic), its bytes
+        self._asking: asyncio.Task[bytes] | None = None
         self._page_lock = asyncio.Lock()
         self._page: tuple[Snapshot | None, bytes] | None = None  # the incident page and the snapshot it was made at
         # The snapshots this sidecar served over the store's horizon: the incident page shows the verdicts as they were
@@ -129,13 +131,23 @@ class Daemon:
             return self._page[1]
 
     async def bundle_archive(self) -> bytes:
-        """The incident bundle of this moment as a .tar.gz, asked for (GET /bundle.tar.gz, `vllm-triage bundle`): one
-        at a time, off the loop."""
-        async with self._archive_lock:
-            snapshot = self.snapshot
-            assert snapshot is not None  # the handler answers 503 before the first evaluation
-            readings = await self._in_pipeline(self.pipeline.store.readings)
-            return await asyncio.to_thread(bundle_archive, "asked", snapshot, list(self.history), readings, self.target, self.stack_dumps)
+        """The incident bundle of this moment as a .tar.gz, asked for (GET /bundle.tar.gz, `vllm-triage bundle`), off the
+        loop: one is built at a time and at most one every ASKED_BUNDLE_SECONDS; every request meanwhile gets that one, so
+        that a flood of requests costs one bundle, not one each. RuntimeError while a reload replaces this daemon."""
+        built = self._asked
+        if built is not None and time.monotonic() - built[0] < ASKED_BUNDLE_SECONDS:
+            return built[1]
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.create_task(self._build_asked())
+        return await asyncio.shield(self._asking)  # a requester that goes away cancels only its own wait
+
+    async def _build_asked(self) -> bytes:
+        snapshot = self.snapshot
+        assert snapshot is not None  # the handler answers 503 before the first evaluation
+        readings = await self._in_pipeline(self.pipeline.store.readings)
+        body = await asyncio.to_thread(bundle_archive, "asked", snapshot, list(self.history), readings, self.target, self.stack_dumps)
+        self._asked = (time.monotonic(), body)
+        return body
 
     @property
     def target(self) -> str:

@@ -386,7 +386,10 @@ def make_app(outlets: Outlets, middlewares: Sequence[Middleware] = ()) -> web.Ap
     async def bundle(_: web.Request) -> web.StreamResponse:
         if outlets.snapshot is None:
             return web.Response(status=503, text="starting: no evaluation yet\n")
-        body = await outlets.bundle_archive()
+        try:
+            body = await outlets.bundle_archive()
+        except RuntimeError:  # the pipeline thread is shut down: a reload is replacing the daemon
+            return web.Response(status=503, text="reloading the configuration: ask again\n", headers={"Retry-After": "5"})
         headers = {"Content-Disposition": 'attachment; filename="vllm-triage-bundle.tar.gz"'}
         return web.Response(body=body, content_type="application/gzip", headers=headers)
 

@@ -401,3 +401,25 @@ def test_the_live_incident_page_shows_the_verdicts_as_the_sidecar_gave_them_outa
     assert status == 200 and b"vllm_unreachable" in lanes, lanes
     spans = {s.condition: s for s in html_report.spans(list(daemon.history))}
     assert spans["vllm_unreachable"].start == unreachable.since
+
+
+def test_a_flood_of_bundle_requests_builds_one_bundle_and_a_reload_answers_503_not_500(monkeypatch):
+    """3,000 requests once kept the sidecar at 0.9 of a core for minutes, each building its own bundle behind a lock; a
+    reload while they waited answered 500 with a traceback. Now the requests of ASKED_BUNDLE_SECONDS share one build, and
+    a reload says 503 with when to ask again."""
+    from vllm_triage import daemon as daemon_module
+
+    built = []
+
+    def counting(*args: object) -> bytes:
+        built.append(args[0])
+        return b"bundle"
+
+    monkeypatch.setattr(daemon_module, "bundle_archive", counting)
+    daemon = saturated_daemon()
+    answers = serve_and_get(daemon, [("/bundle.tar.gz", {})] * 40)
+    assert [a[0] for a in answers] == [200] * 40 and built == ["asked"]
+    daemon._asked = None  # past ASKED_BUNDLE_SECONDS: the next request builds anew, on a pipeline a reload shut down
+    daemon.shutdown()
+    ((status, headers, body),) = serve_and_get(daemon, [("/bundle.tar.gz", {})])
+    assert status == 503 and headers["Retry-After"] == "5" and b"ask again" in body
