@@ -45,6 +45,13 @@ class Span:
     def primary(self) -> bool:
         return bool(self.primary_runs)
 
+    @property
+    def onset(self) -> float:
+        """When the verdict became active: its `since`, which can lie before the page's first tick (then it is drawn
+        clipped, and said so)."""
+        since = self.verdict.since
+        return since if since is not None and since < self.start else self.start
+
 
 def _by_source(readings: Iterable[Reading], source: str) -> list[Reading]:
     return [r for r in readings if r.source == source and r.ok]
@@ -279,6 +286,9 @@ def _bands_svg(found: list[Span], start: float, end: float) -> str:
             color = SEVERITY_COLORS.get(span.severity, "#7f8c8d")
             label = f"{condition} ({', '.join(span.causes)})" if span.causes else condition
             tip = f"{label}: {_led(span, start)}, +{span.start - start:.0f} s to +{span.end - start:.0f} s"
+            if span.onset < start:  # active before the page begins: drawn from its edge, with an arrow and its onset
+                tip += f" (active since {_wall(span.onset)} UTC, before this page)"
+                parts.append(f'<text x="{x0 - 2:.1f}" y="{top + 15}" class="lane" text-anchor="end">◂</text>')
             box = f'x="{x0:.1f}" y="{top + 3}" width="{width:.1f}" height="{LANE_HEIGHT - 6}"'
             parts.append(f'<rect {box} fill="{color}" class="secondary"><title>{html.escape(tip)}</title></rect>')
             for a, b in span.primary_runs:  # dark where it led: at any moment one lane at most
@@ -333,7 +343,14 @@ def render(readings: list[Reading], snapshots: list[Snapshot], title: str) -> st
             f'<div class="span" style="border-color:{SEVERITY_COLORS.get(span.severity, "#999")}"><h3>{html.escape(span.condition)}{html.escape(causes)}: '
             f"{html.escape(span.severity)}, {html.escape(_led(span, start))}, +{span.start - start:.0f} s to +{span.end - start:.0f} s "
             f"({_wall(span.start)}–{_wall(span.end)} UTC)</h3>"
-            f"<p>{html.escape(verdict.summary)}</p><b>Evidence when it became active</b><ul>"
+            + (
+                f"<p><b>Active since {_wall(span.onset)} UTC</b>, {span.start - span.onset:.0f} s before this page begins: shown from its edge.</p>"
+                if span.onset < start
+                else ""
+            )
+            + f"<p>{html.escape(verdict.summary)}</p><b>"
+            + ("Evidence at the page's first tick" if span.onset < start else "Evidence when it became active")
+            + "</b><ul>"
             + "".join(f"<li>{html.escape(e.text)}</li>" for e in verdict.evidence)
             + "</ul>"
             + advice

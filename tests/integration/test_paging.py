@@ -243,7 +243,7 @@ def test_each_incident_pages_once_and_a_rollout_pages_nobody(tmp_path):
         sidecar = start_sidecar(tmp_path, url, config, port=int(sidecar.url.rsplit(":", 1)[1]))
         time.sleep(45)
         assert webhook.pages(mark) == [("VllmModelUnavailable",)], f"vLLM down, its sidecar restarted: {webhook.posts[mark:]}"
-        resolved = [post for post in webhook.posts[mark:] if post[0] == "pager" and post[2] == "resolved"]
+        resolved = [post for post in webhook.posts[mark:] if post[0] == "pager" and post[2] == "resolved" and "VllmModelUnavailable" in post[1]]
         assert not resolved, f"the page resolved while vLLM was down: {webhook.posts[mark:]}"
         assert sidecar.condition("vllm_unreachable")["state"] == "active"
     finally:

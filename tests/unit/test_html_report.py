@@ -139,3 +139,17 @@ def test_the_live_page_reads_only_the_plotted_samples_and_draws_the_same_page(na
     every, plotted = pipeline.store.readings(), pipeline.store.readings(html_report.PLOTTED)
     assert sum(len(r.samples) for r in plotted) < sum(len(r.samples) for r in every)
     assert html_report.render(plotted, snapshots, name) == html_report.render(every, snapshots, name)
+
+
+def test_a_verdict_active_before_the_page_begins_says_since_when_and_that_it_is_clipped():
+    """The live page shows the sidecar's last minutes: a verdict active since before them (the demo's KV saturation, 80 s
+    into the last window) is drawn from the page's edge with an arrow, and says when it began; its evidence is said to be
+    the first tick's, not its onset's."""
+    readings, snapshots = judged(CAPTURES["serving"])
+    onset = next(s.timestamp for s in snapshots if any(v.condition == "kv_cache_saturated" and v.active for v in s.verdicts))
+    late = [s for s in snapshots if s.timestamp >= onset + 80]
+    page = html_report.render([r for r in readings if r.timestamp >= onset + 80], late, "the last minutes")
+    saturated = next(v for v in late[0].verdicts if v.condition == "kv_cache_saturated")
+    assert saturated.active and saturated.since is not None and saturated.since < late[0].timestamp
+    assert f"Active since {html_report._wall(saturated.since)} UTC" in page and "before this page begins" in page
+    assert "◂" in page and "Evidence at the page's first tick" in page
