@@ -97,11 +97,13 @@ class _Layout:
         return self.next_id - 1
 
 
-def _panel(panel: Panel, title: str, description: str, exprs: list[tuple[str, str]]) -> Panel:
-    """What every panel shares: its words and its queries, on the dashboard's data source."""
+def _panel(panel: Panel, title: str, description: str, exprs: list[tuple[str, str]], instant: bool = False) -> Panel:
+    """What every panel shares: its words and its queries, on the dashboard's data source; `instant`: the value now (a
+    range query reduced to its last value shows the past: what held an hour ago, and after the sidecar stopped)."""
     panel.title(title).description(description).datasource(DS)
     for i, (expr, legend) in enumerate(exprs):
-        panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(DS))
+        query = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).datasource(DS)
+        panel.with_target(query.instant() if instant else query)
     return panel
 
 
@@ -118,13 +120,15 @@ def timeseries(
     return _panel(panel, title, description, exprs)
 
 
-def stat(title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value") -> Panel:
-    """The newest value, big; `no_value` is what a person reads when the query has no series."""
+def stat(
+    title: str, expr: str, legend: str, description: str, no_value: str, unit: str = "short", text_mode: str = "value", more: tuple[tuple[str, str], ...] = ()
+) -> Panel:
+    """The value now (instant queries), big; `no_value` is what a person reads when the query has no series."""
     link = builders.DashboardLink("What it means and what to do").url(CONDITIONS_URL + "#${__field.labels.condition}").target_blank(True)
     panel = stat_panel.Panel().unit(unit).no_value(no_value).color_scheme(builders.FieldColor().mode(model.FieldColorModeId.FIXED).fixed_color("text"))
     panel.data_links([link]).reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
     panel.text_mode(common.BigValueTextMode(text_mode)).color_mode(common.BigValueColorMode.VALUE)
-    return _panel(panel, title, description, [(expr, legend)])
+    return _panel(panel, title, description, [(expr, legend), *more], instant=True)
 
 
 def state_timeline(title: str, expr: str, legend: str, description: str = "") -> Panel:
@@ -211,9 +215,11 @@ def overview() -> dict[str, Any]:
             primary,
             "{{condition}}",
             "The verdict the diagnosis leads with (the first active condition in the sidecar's precedence): its fix comes first. "
-            "Click it for what it means and what to do; /diagnosis on the sidecar has the evidence.",
+            'Click it for what it means and what to do; /diagnosis on the sidecar has the evidence. "no sidecar answers": its '
+            "series are gone (the sidecar is down or not scraped), so nothing is known.",
             "nothing is wrong",
             text_mode="name",
+            more=((f"absent(vllm_triage_build_info{{{SIDECAR}}})", "no sidecar answers"),),
         )
     )
     lay.add(
@@ -301,7 +307,10 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
-            "Condition scores (0.5 = at threshold)", [(f"max by (condition) (vllm_triage_condition_score{{{SIDECAR}}}) > 0", "{{condition}}")], max_value=1
+            "Condition scores (0.5 = at threshold)",
+            [(f"max by (condition) (vllm_triage_condition_score{{{SIDECAR}}}) > 0", "{{condition}}")],
+            max_value=1,
+            description="How strongly each condition's evidence holds: 0.5 is its threshold, 1 far past it. A score rising toward 0.5 is a verdict coming.",
         ),
         width=8,
         height=10,
@@ -314,9 +323,16 @@ def overview() -> dict[str, Any]:
                 (f"sum({_q('vllm:num_requests_running')})", "running"),
                 (f"max(vllm_triage_vllm_max_num_seqs{{{VLLM}}})", "max_num_seqs"),
             ],
+            description="Requests in the engines' batches against vLLM's --max-num-seqs (read from its command line, else vLLM's default on that GPU): running pinned at the cap with requests waiting is the concurrency cap (queue_backlog, cause concurrency_cap).",
         )
     )
-    lay.add(timeseries("Waiting requests", [(f"sum({_q('vllm:num_requests_waiting')})", "waiting")]))
+    lay.add(
+        timeseries(
+            "Waiting requests",
+            [(f"sum({_q('vllm:num_requests_waiting')})", "waiting")],
+            description="Requests queued for admission: sustained above 0 is a backlog (queue_backlog says what they wait for).",
+        )
+    )
     lay.add(
         timeseries(
             "KV cache usage",
@@ -337,6 +353,8 @@ def overview() -> dict[str, Any]:
                 (f"sum(rate({_q('vllm:num_preemptions_total')}[$__rate_interval]))", "preemptions/s"),
                 _threshold("preemption_storm", "preemptions_per_second_max"),
             ],
+            description="Requests vLLM evicted for lack of a free KV block, per second: each is recomputed. Above the dashed line is a preemption storm; with the KV cache full it is KV thrash.",
+            unit="reqps",
         )
     )
     lay.add(
@@ -348,6 +366,7 @@ def overview() -> dict[str, Any]:
                 _threshold("ttft_high", "ttft_p95_max_seconds"),
             ],
             unit="s",
+            description="p50 and p95 from vLLM's histogram over the rate interval: queueing, prefill and the API server together (ttft_high's cause splits them).",
         )
     )
     lay.add(
@@ -359,6 +378,7 @@ def overview() -> dict[str, Any]:
                 _threshold("itl_high", "itl_p95_max_seconds"),
             ],
             unit="s",
+            description="p50 and p95 of the time between two output tokens of a request: the decode step's pace (itl_high's cause says what sets it).",
         )
     )
     lay.add(
@@ -368,6 +388,8 @@ def overview() -> dict[str, Any]:
                 (f"sum(rate({_q('vllm:prompt_tokens_total')}[$__rate_interval]))", "prompt"),
                 (f"sum(rate({_q('vllm:generation_tokens_total')}[$__rate_interval]))", "generated"),
             ],
+            description="Prompt tokens (prefill) and generated tokens per second, summed over the selected engines: the work done.",
+            unit="tps",
         )
     )
     lay.row("Layer 3: GPU (util.gpu next to SM active: the gap is time the GPU was busy but not computing)")
@@ -377,6 +399,7 @@ def overview() -> dict[str, Any]:
             [(f"vllm_triage_gpu_utilization_ratio{{{GPU}}}", "util.gpu {{gpu}}"), (f"vllm_triage_gpu_sm_active_ratio{{{GPU}}}", "SM active {{gpu}}")],
             unit="percentunit",
             max_value=1,
+            description="util.gpu is the share of time any kernel ran; SM active (GPM, Hopper and newer) is the share of SMs busy. util.gpu high with SMs idle is busy but not computing (copies, a hung kernel, syncs).",
         )
     )
     lay.add(
@@ -389,6 +412,7 @@ def overview() -> dict[str, Any]:
             ],
             unit="percentunit",
             max_value=1,
+            description="GPM's tensor-core activity and DRAM bandwidth use: near the dashed line the engine is memory-bandwidth-bound (decode), tensor high is compute-bound.",
         )
     )
     lay.add(
@@ -400,6 +424,7 @@ def overview() -> dict[str, Any]:
                 (f"vllm_triage_gpu_window_pcie_link_capacity_bytes_per_second{{{GPU}}}", "capacity {{gpu}}"),
             ],
             unit="Bps",
+            description="Host-device traffic against the link's capacity: high while SMs idle is copies (pageable memory, CPU offload) starving the GPU; a link trained below its generation or width is pcie_link_degraded.",
         )
     )
     lay.add(
@@ -407,6 +432,7 @@ def overview() -> dict[str, Any]:
             "Power and limit",
             [(f"vllm_triage_gpu_power_watts{{{GPU}}}", "power {{gpu}}"), (f"vllm_triage_gpu_power_limit_watts{{{GPU}}}", "limit {{gpu}}")],
             unit="watt",
+            description="Board power against its limit: pinned at the limit with clocks down is power capping (gpu_throttled names the reason).",
         )
     )
     lay.add(
@@ -494,6 +520,8 @@ def overview() -> dict[str, Any]:
                 _threshold("gpu_starved", "thread_cpu_min"),
             ],
             max_value=1.2,
+            description="Each role's busiest thread as a share of one core: at 1 the engine core or the API server is CPU-bound in one thread (gpu_starved names which); more cores do not help it.",
+            unit="percentunit",
         )
     )
     lay.add(
@@ -520,17 +548,34 @@ def overview() -> dict[str, Any]:
                 (f"sum by (role) (vllm_triage_process_resident_memory_bytes{{{SIDECAR}}})", "RSS {{role}}"),
             ],
             unit="bytes",
+            description="Resident memory of vLLM's processes by role: a steady climb in the API server is a leak; GPU memory is elsewhere (NVML).",
         )
     )
     lay.row("Sidecar health")
-    lay.add(timeseries("Source up", [(f"vllm_triage_source_up{{{SIDECAR}}}", "{{source}} {{pod}}")], max_value=1))
+    lay.add(
+        timeseries(
+            "Source up",
+            [(f"vllm_triage_source_up{{{SIDECAR}}}", "{{source}} {{pod}}")],
+            max_value=1,
+            description="1 while the source reads: vLLM's /metrics, the GPUs (NVML), vLLM's processes, py-spy. A source down makes the conditions that need it unknown.",
+        )
+    )
     lay.add(
         timeseries(
             "Source errors per second",
             [(f"sum by (source, reason) (rate(vllm_triage_source_errors_total{{{SIDECAR}}}[$__rate_interval]))", "{{source}} {{reason}}")],
+            description="Failed collections per second by source and reason (connect, timeout, too_large, parse, no_permission ...): /diagnosis names the last error.",
+            unit="ops",
         )
     )
-    lay.add(timeseries("Collection duration", [(f"vllm_triage_source_collect_duration_seconds{{{SIDECAR}}}", "{{source}} {{pod}}")], unit="s"))
+    lay.add(
+        timeseries(
+            "Collection duration",
+            [(f"vllm_triage_source_collect_duration_seconds{{{SIDECAR}}}", "{{source}} {{pod}}")],
+            unit="s",
+            description="How long each source's last collection took: a vLLM scrape near the timeout is a slow or huge /metrics page.",
+        )
+    )
     return _dashboard(
         "vllm-triage-overview",
         "vLLM triage — overview",

@@ -187,6 +187,14 @@ def test_the_overview_leads_with_the_verdict_now_and_no_panel_is_blank_without_s
     efficiency = [p for p in panels if p["type"] == "timeseries" and "--enable-mfu-metrics" in p.get("description", "")]
     assert efficiency and all("--enable-mfu-metrics" in p["fieldConfig"]["defaults"]["noValue"] for p in efficiency)
     assert all(p["description"] for p in fleet()["panels"] if p["type"] != "row")
+    # every panel of every dashboard says what it shows; the "Now" row asks for the value now (instant queries), and the
+    # primary verdict says when no sidecar answers rather than "nothing is wrong"
+    from mixin.dashboards import DASHBOARDS
+
+    undescribed = [(name, p["title"]) for name, build in DASHBOARDS.items() for p in build()["panels"] if p["type"] != "row" and not p.get("description")]
+    assert not undescribed, undescribed
+    assert all(t.get("instant") is True and t.get("range") is False for p in now.values() for t in p["targets"])
+    assert [t["legendFormat"] for t in primary["targets"]] == ["{{condition}}", "no sidecar answers"] and primary["targets"][1]["expr"].startswith("absent(")
 
 
 def test_each_tunable_vllm_threshold_is_written_in_its_rules_and_nowhere_else():
