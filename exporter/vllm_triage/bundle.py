@@ -95,11 +95,16 @@ def _fill(
     used = sum(f.stat().st_size for f in partial.iterdir())
     kept = list(readings)
     while True:
-        _write_capture(partial / "capture.jsonl.gz", kept, condition, target)
-        size = (partial / "capture.jsonl.gz").stat().st_size
-        if used + size <= MAX_BUNDLE_BYTES or len(kept) <= 1:
+        # bounded while it is written: the compressed bytes are counted as they go, and a capture over what is left of
+        # the bound is stopped there (never written whole, then cut), and written again with fewer readings
+        try:
+            with open(partial / "capture.jsonl.gz", "wb") as raw:
+                _write_capture(_Budget(MAX_BUNDLE_BYTES - used, raw), kept, condition, target)
             break
-        kept = kept[len(kept) // 2 :]  # the older half goes
+        except _OverBudget:
+            if not kept:
+                raise OSError(f"the bundle's other parts leave no room for its capture within {MAX_BUNDLE_BYTES} bytes") from None
+            kept = _fewer(kept)
     seconds = kept[-1].timestamp - kept[0].timestamp if kept else 0.0
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshot.timestamp))
     (partial / "README.txt").write_text(README.format(condition=condition, when=when, seconds=seconds))
@@ -146,7 +151,39 @@ def _lengths(delta: HistogramDelta | None) -> dict[str, object] | None:
     return {"requests": round(delta.count), "mean": round(delta.mean() or 0.0, 1), **quantiles, "buckets": buckets}
 
 
-def _write_capture(path: Path, readings: Sequence[Reading], condition: str, target: str) -> None:
+class _OverBudget(Exception):
+    pass
+
+
+class _Budget(io.RawIOBase):
+    """A binary sink into `out` that refuses (_OverBudget) the write that would take it past `budget` bytes."""
+
+    def __init__(self, budget: int, out: io.BufferedWriter) -> None:
+        self.budget, self.out, self.written = budget, out, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        chunk = memoryview(data)  # type: ignore[arg-type]  # bytes-like, as gzip hands it
+        if self.written + chunk.nbytes > self.budget:
+            raise _OverBudget
+        self.written += chunk.nbytes
+        self.out.write(chunk)
+        return chunk.nbytes
+
+
+def _fewer(readings: list[Reading]) -> list[Reading]:
+    """The readings without the older half of the good ones: the failed scrapes (small, and what an outage's bundle is
+    about) and the newest good readings stay; with no good reading left to drop, the older half of all."""
+    good = [r.timestamp for r in readings if r.ok]
+    if len(good) > 1:
+        cut = sorted(good)[len(good) // 2]
+        return [r for r in readings if not r.ok or r.timestamp >= cut]
+    return readings[len(readings) // 2 :] if len(readings) > 1 else []
+
+
+def _write_capture(path: Path | io.RawIOBase, readings: Sequence[Reading], condition: str, target: str) -> None:
     span = readings[-1].timestamp - readings[0].timestamp if readings else 0.0
     description = {"scenario": f"incident: {condition}", "vllm_url": redact_url(target), "phases": [["incident", span, 0]]}
     with CaptureWriter(path, description) as writer:

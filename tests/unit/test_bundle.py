@@ -129,3 +129,33 @@ def test_pruning_touches_only_the_sidecars_own_bundles_and_never_the_one_just_wr
     with pytest.raises(OSError):
         bundle.write_bundle(tmp_path, "engine_wedged", snapshot, [], [], "http://vllm:8000")
     assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_a_bundle_is_bounded_while_it_is_written_and_an_outage_keeps_its_failed_scrapes(tmp_path, monkeypatch):
+    """Under a page inside every default limit a bundle once wrote 100 MiB before cutting itself to 6.5 MiB (the chart's
+    64 MiB emptyDir, and with it vLLM's pod, evicted), and the halving dropped an outage's good readings first. The capture
+    now never passes what the bound leaves for it, even for a moment, and the failed scrapes stay with the newest good
+    readings."""
+    monkeypatch.setattr(bundle, "MAX_BUNDLE_BYTES", 200_000)
+    peak = []
+    real = bundle._Budget.write
+
+    def watched(self, data):
+        written = real(self, data)
+        peak.append(self.written)
+        return written
+
+    monkeypatch.setattr(bundle._Budget, "write", watched)
+    good = [
+        Reading(
+            "vllm", 1_000.0 + t, True, {("vllm:num_requests_running", make_labels({"n": sha256(f"{t}-{i}".encode()).hexdigest()})): 1.0 for i in range(400)}
+        )
+        for t in range(60)
+    ]
+    down = [Reading("vllm", 1_060.0 + t, False, error="connection refused", error_reason="connect") for t in range(30)]
+    folder = bundle.write_bundle(tmp_path, "vllm_unreachable", Pipeline(load(env={})).evaluate(1_090.0), [], good + down, "http://vllm:8000")
+    assert peak and max(peak) <= 200_000
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= 200_000
+    kept = list(read_readings(folder / "capture.jsonl.gz"))
+    assert [r for r in kept if not r.ok] == down  # every failed scrape
+    assert 0 < sum(r.ok for r in kept) < len(good) and max(r.timestamp for r in kept if r.ok) == good[-1].timestamp

@@ -595,8 +595,8 @@ def test_two_releases_share_no_dashboard_so_uninstalling_one_removes_nothing_the
 
 
 def test_incident_bundles_go_on_a_volume_of_their_own_an_emptydir_unless_a_claim_is_given():
-    """The sidecar writes a critical verdict's bundle under /var/lib/vllm-triage/bundles (--bundle-dir): on a 64Mi
-    emptyDir by default, which outlives a restart of a container; on a PVC by value; nowhere when turned off."""
+    """The sidecar writes a critical verdict's bundle under /var/lib/vllm-triage/bundles (--bundle-dir): on an
+    emptyDir by default (96Mi), which outlives a restart of a container; on a PVC by value; nowhere when turned off."""
 
     def bundles(values: dict) -> tuple[list[str], list[dict], list[dict]]:
         deployment = next(o for o in render(values) if o["kind"] == "Deployment")
@@ -608,8 +608,13 @@ def test_incident_bundles_go_on_a_volume_of_their_own_an_emptydir_unless_a_claim
     assert bundles({}) == (
         ["--bundle-dir=/var/lib/vllm-triage/bundles"],
         [{"name": "vllm-triage-bundles", "mountPath": "/var/lib/vllm-triage/bundles"}],
-        [{"name": "vllm-triage-bundles", "emptyDir": {"sizeLimit": "64Mi"}}],
+        [{"name": "vllm-triage-bundles", "emptyDir": {"sizeLimit": "96Mi"}}],
     )
+    # the kubelet evicts the whole pod, vLLM included, past an emptyDir's limit: it holds every kept bundle, the one being
+    # written and the envelope file at their bounds
+    from vllm_triage import bundle, envelope
+
+    assert 96 * 2**20 >= (bundle.KEEP_BUNDLES + 1) * bundle.MAX_BUNDLE_BYTES + envelope.STATE_BYTES_MAX
     claim = {"triage": {"bundles": {"volume": {"persistentVolumeClaim": {"claimName": "vllm-incidents"}}}}}
     assert bundles(claim)[2] == [{"name": "vllm-triage-bundles", "persistentVolumeClaim": {"claimName": "vllm-incidents"}}]
     assert bundles({"triage": {"bundles": {"enabled": False}}}) == ([], [], [])

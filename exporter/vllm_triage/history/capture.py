@@ -7,6 +7,7 @@ Replaying a capture feeds the same Readings to the same pipeline, so verdicts ar
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import zlib
@@ -31,9 +32,9 @@ class CaptureError(ValueError):
 
 
 class CaptureWriter:
-    def __init__(self, path: str | Path, description: dict[str, Any] | None = None) -> None:
-        self.path = Path(path)
-        self._handle: IO[str] = gzip.open(self.path, "wt", encoding="utf-8")
+    def __init__(self, path: str | Path | IO[bytes] | io.RawIOBase, description: dict[str, Any] | None = None) -> None:
+        """Into the file at `path`, or into a binary file object (a sink that refuses past a byte budget: bundle.py)."""
+        self._handle: IO[str] = gzip.open(path, "wt", encoding="utf-8")
         header = {"format": FORMAT, "version": VERSION, **(description or {})}
         self._write(header)
 

@@ -157,7 +157,8 @@ lists its GPUs in, and, with triage.config, its config file from the ConfigMap n
     sizeLimit: 64Mi
 {{- if .values.triage.bundles.enabled }}
 - name: vllm-triage-bundles
-  {{- toYaml (.values.triage.bundles.volume | default (dict "emptyDir" (dict "sizeLimit" "64Mi"))) | nindent 2 }}
+  {{- /* 10 bundles of at most 5 MiB, the one being written, and the envelope file (under 16 MiB): 96Mi leaves room */}}
+  {{- toYaml (.values.triage.bundles.volume | default (dict "emptyDir" (dict "sizeLimit" "96Mi"))) | nindent 2 }}
 {{- end }}
 {{- if .gpusFile }}
 - name: vllm-triage-run
