@@ -614,7 +614,7 @@ def test_incident_bundles_go_on_a_volume_of_their_own_an_emptydir_unless_a_claim
     # written and the envelope file at their bounds
     from vllm_triage import bundle, envelope
 
-    assert 96 * 2**20 >= (bundle.KEEP_BUNDLES + 1) * bundle.MAX_BUNDLE_BYTES + envelope.STATE_BYTES_MAX
+    assert (bundle.KEEP_BUNDLES + 1) * bundle.MAX_BUNDLE_BYTES + envelope.STATE_BYTES_MAX <= 96 * 2**20
     claim = {"triage": {"bundles": {"volume": {"persistentVolumeClaim": {"claimName": "vllm-incidents"}}}}}
     assert bundles(claim)[2] == [{"name": "vllm-triage-bundles", "persistentVolumeClaim": {"claimName": "vllm-incidents"}}]
     assert bundles({"triage": {"bundles": {"enabled": False}}}) == ([], [], [])
