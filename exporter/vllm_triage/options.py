@@ -4,6 +4,7 @@ catalog entry) are declared with `option`; config.py assembles them into one tab
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import weakref
@@ -26,6 +27,39 @@ def redact_url(url: str) -> str:
     netloc = ("***@" if parts.username or parts.password else "") + (f"[{host}]" if ":" in host else host) + port
     query = "&".join(f"{pair.partition('=')[0]}=***" for pair in parts.query.split("&") if pair) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+# A key or flag whose name says its value is a secret (--api-key, hf_token, "password": ...).
+SECRET_NAME = re.compile(
+    r"(?:api|access|private|secret|auth)[_-]?key|secret|passw(?:or)?d|credential|signature|authori[sz]ation|(?<![a-z])auth(?![a-z])|token(?![a-z])", re.I
+)
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"',]+")
+_BEARER = re.compile(r"\b(bearer|basic)\s+[\w.~+/=-]+", re.I)
+_SECRET_PAIR = re.compile(r"(?P<name>[\w.-]+)(?P<sep>[=:]\s*)(?P<value>[^\s&,;\"'}]+)")
+
+
+def redact_value(text: str) -> str:
+    """A value from the monitored host (a flag's value, a model path) as it may be shown or kept: URLs without their
+    user:password@ and query values (signed URLs), JSON without the values of keys that name secrets, name=secret pairs
+    hidden. Each outlet and file gets values through this: /diagnosis, the report, bundles, the envelope file."""
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        try:
+            parsed = json.loads(stripped)
+            redacted = _redact_json(parsed)
+            return text if redacted == parsed else json.dumps(redacted, separators=(",", ":"))
+        except (ValueError, RecursionError):
+            pass
+    unurled = _BEARER.sub(lambda m: f"{m[1]} ***", _URL.sub(lambda m: redact_url(m.group(0)), text))
+    return _SECRET_PAIR.sub(lambda m: f"{m['name']}{m['sep']}***" if SECRET_NAME.search(m["name"]) else m.group(0), unurled)
+
+
+def _redact_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "***" if isinstance(k, str) and SECRET_NAME.search(k) and not isinstance(v, (dict, list)) else _redact_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_json(v) for v in value]
+    return redact_value(value) if isinstance(value, str) else value
 
 
 class ConfigError(ValueError):

@@ -558,3 +558,27 @@ def test_a_process_entered_into_the_sidecars_own_container_is_no_view_of_vllms(m
     finally:
         entered.kill()
         entered.wait()
+
+
+# (a flag's value as written, a secret in it that must not be kept, what stays readable)
+CREDENTIAL_SHAPES = [
+    ("https://alice:hunter2@hub.example.com/models/llama", "hunter2", "hub.example.com/models/llama"),
+    ("s3://bucket/llama?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=f00dbeef", "f00dbeef", "s3://bucket/llama"),
+    ("https://store.example.com/m.gguf?sig=abcdef123456&se=2026", "abcdef123456", "store.example.com/m.gguf"),
+    ('{"kv_connector": "LMCacheConnectorV1", "kv_connector_extra_config": {"api_token": "tok-9f8e"}}', "tok-9f8e", "LMCacheConnectorV1"),
+    ('{"remote_url": "redis://user:redispass@cache:6379/0"}', "redispass", "cache:6379"),
+    ("password=letmein", "letmein", "password="),
+    ("authorization: Bearer eyJhbGciOi", "eyJhbGciOi", "authorization"),
+]
+
+
+@pytest.mark.parametrize(("value", "secret", "kept"), CREDENTIAL_SHAPES, ids=[s[1] for s in CREDENTIAL_SHAPES])
+def test_credentials_inside_flag_values_are_never_kept(value, secret, kept):
+    """A flag's name can be harmless while its value carries a credential (a URL with a password, a signed URL, a JSON
+    config with a token): it reached /diagnosis, bundles and the envelope file. The process source keeps neither the
+    flags nor the model path with it; what is not secret stays readable."""
+    cmdline = ["vllm", "serve", value, "--model-loader-extra-config", value, "--kv-transfer-config", value, "--max-num-batched-tokens", "8192"]
+    flags, args = command_line_flags(cmdline), parse_vllm_args(cmdline)
+    shown = f"{flags} {args}"
+    assert secret not in shown and kept in shown, shown
+    assert flags["--max-num-batched-tokens"] == "8192"  # a count whose name says "tokens" is no secret

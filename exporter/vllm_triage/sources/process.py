@@ -13,7 +13,6 @@ import itertools
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import psutil
 from ..catalog import ProcessOptions
 from ..cpu_account import CPU
 from ..model import PROCESS_SOURCE, LostWorker, OrphanEntry, ProcessEntry, ProcessMeta, Reading, SeriesKey, ThreadSample, make_labels
+from ..options import SECRET_NAME, redact_value
 from . import Clock, SourceLoop, nothing_to_close
 
 if TYPE_CHECKING:
@@ -56,8 +56,6 @@ _refused: set[str] = set()  # flag=value already logged as out of range
 BOOLEAN_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling")
 
 
-# A flag whose name says its value is a secret (--api-key, --hf-token) is kept without its value.
-SECRET_FLAG = re.compile(r"key|token|secret|password|credential", re.IGNORECASE)
 MAX_FLAGS = 128  # of one command line, kept for what changed between two of vLLM's starts
 
 
@@ -73,7 +71,9 @@ def command_line_flags(cmdline: list[str]) -> dict[str, str]:
             continue
         if not equals and i < len(tokens) and not tokens[i].startswith("--"):
             value, i = tokens[i], i + 1
-        flags[name[:64]] = "(redacted)" if value and SECRET_FLAG.search(name) else value[:TEXT_VALUE_MAX]
+        # a flag whose name says its value is a secret (--api-key, --hf-token) is kept without its value; any other value
+        # without the credentials it may carry (a URL's password, a signed URL, a JSON config's token)
+        flags[name[:64]] = "(redacted)" if value and SECRET_NAME.search(name) else redact_value(value[:TEXT_VALUE_MAX])
     return flags
 
 
@@ -100,14 +100,14 @@ def parse_vllm_args(cmdline: list[str]) -> dict[str, Any]:
     if "serve" in cmdline and "model" not in args:
         position = cmdline.index("serve") + 1
         if position < len(cmdline) and not cmdline[position].startswith("-"):
-            args["model"] = cmdline[position][:TEXT_VALUE_MAX]
+            args["model"] = redact_value(cmdline[position][:TEXT_VALUE_MAX])
     return args
 
 
 def _bounded_value(flag: str, raw: str) -> Any:
     kind, low, high = FLAGS[flag]
     if kind is str:
-        return raw[:TEXT_VALUE_MAX]
+        return redact_value(raw[:TEXT_VALUE_MAX])
     text = raw[:32]
     try:
         value = kind(text) if len(raw) <= 32 else None
