@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import tarfile
+import threading
 import time
 
 import pytest
@@ -247,9 +248,16 @@ def test_log_format_writes_one_parseable_record_per_line(log_format):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.extend(process.stderr or ()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60  # until the demo says it replays (seconds on a machine other lanes keep busy)
+    while time.monotonic() < deadline and not any("demo: replaying" in line for line in read):
+        time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=60)
+    process.wait(timeout=60)
+    reader.join(timeout=10)
+    err = "".join(read)
     lines = [line for line in err.splitlines() if line.strip()]
     if log_format == "json":
         entries = [json.loads(line) for line in lines]
