@@ -451,7 +451,9 @@ def vllm_alerts(select: Selectors = SELECT) -> list[dict[str, Any]]:
             # the share of a model's replicas whose vLLM answers (their sidecars' vllm source up), of those neither starting
             # nor gone: none answers (a model of one replica), or too few
             "expr": f"({select(ANSWERING_RECORD)} or {select(REPLICAS_RECORD)} * 0) / {select(REPLICAS_RECORD)} {VLLM_THRESHOLDS['replicasAnsweringMin']['text']}",
-            "for": "2m",
+            # one minute: each replica's own verdict is debounced by its sidecar, starting ones left out; a vLLM that never
+            # starts then pages within 5 minutes (150 s to not_started, its 15 s, this minute, Alertmanager's 30 s)
+            "for": "1m",
             "keep_firing_for": KEEP_FIRING_FOR,
             "labels": {"severity": "critical"},
             "annotations": {
@@ -709,7 +711,7 @@ def _vllm_alert_tests() -> list[dict[str, Any]]:
             ],
             "alert_rule_test": [
                 {
-                    "eval_time": "6m",
+                    "eval_time": "5m",
                     "alertname": "VllmModelUnavailable",
                     "exp_alerts": [],
                 },

@@ -390,10 +390,12 @@ def test_replayed_h200_incidents_page_once_each_and_a_rollout_pages_nobody(tmp_p
         assert paged is not None and paged - first_started >= 1800 / REPLAY_SPEED - 30, f"down-0 paged {paged - first_started:.0f} s in"
         assert any("VllmTriageVllmUnreachable" in names for names in webhook.tickets(about="down-0")), posts  # VllmTargetDown: inhibited by it
         # a vLLM that never starts and one that crash-loops, no model named by either: that model has no replica answering,
-        # one page for it within 5 minutes (30 s at this speed), group_wait (30 s: 3 s) included
+        # one page for it within 5 minutes (30 s at this speed: 15 s to not_started, 2 s, the alert's 6 s, group_wait's 3 s),
+        # and 10 s (24 s measured here) for Prometheus' and Alertmanager's own rounds on a machine busy with other lanes
         assert [names for names in webhook.pages() if "VllmModelUnavailable" in names] == [("VllmModelUnavailable",)], posts
         first = webhook.first_paged("llm")
-        assert first is not None and first - live_started <= 30 + 30, f"the model of never-0 and crash-0: on the pager {first} (started {live_started})"
+        print(f"the model of never-0 and crash-0 paged {first - live_started:.0f} s after their sidecars started" if first else "not paged")
+        assert first is not None and first - live_started <= 30 + 10, f"the model of never-0 and crash-0: on the pager {first - live_started:.0f} s in"
         # users' harm pages through the SLO burn, once per model (its own namespace here: the burn is per model and namespace)
         assert webhook.pages(about="chat") == [("VllmTtftSloBurnFast",)], posts
         causes = {(s["metric"]["pod"], s["metric"]["cause"]) for s in prometheus_causes}
