@@ -14,7 +14,7 @@ from .catalog import CATALOG, CATALOG_BY_NAME
 from .diagnosis.inputs import Notes, ScopedSignals, TickInputs, Wants
 from .discovery import Discovery, discover
 from .envelope import CHANGE_SIGNALS
-from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth, make_labels
+from .model import GPU_SOURCE, PROCESS_SOURCE, VLLM_SOURCE, ProcessMeta, SeriesKey, SourceHealth
 from .scope import AGGREGATE_SCOPE, GPU_AGGREGATE_SCOPE, HOST_SCOPE, Scope, gpu_group_scope
 from .signals.window import WindowView, compute_signals
 from .signals.window import window as signals_window
@@ -200,8 +200,7 @@ def _startup_evidence(store: Store, fresh: bool, now: float) -> dict[str, float 
         return dict.fromkeys(("host_process_view", "host_api_server_running_seconds", "host_api_server_exits_recent", "host_vllm_processes_ignored"))
     meta = latest.process_meta()
     view = meta.get("process_view")
-    server = make_labels({"role": "api_server", "index": "0"})
-    started = latest.samples.get(("process_start_time_seconds", server))
+    started = latest.api_server_started()
     exits = [t for t in meta.get("api_server_exit_times", ()) if latest.timestamp - t <= CRASH_LOOP_WINDOW_SECONDS]
     return {
         "host_process_view": None if view is None else float(view),

@@ -27,7 +27,6 @@ from .model import (
     ProcessEntry,
     ProcessMeta,
     RankEntry,
-    Reading,
 )
 from .scope import Scope, gpu_scope
 from .signals.window import ServerFacts
@@ -372,7 +371,7 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
         foreign = tuple(sorted({h["pid"] for h in held if h["pid"] not in ours})) if ours & {h["pid"] for h in held} else ()
     flags = dict(found.get("api_server_flags", {}))
     named = args.get("served_model_name") or args.get("model")
-    served = (str(named),) if named else _page_models(vllm)
+    served = (str(named),) if named else _page_models(store)
     return Discovery(
         value, origin, text, version, args, processes, gpus, selection, hot, binding, ignored, peak, runnable, orphans, held, lost, foreign, flags, served
     )
@@ -381,9 +380,10 @@ def discover(store: Store, configured_max_num_seqs: int | None) -> Discovery:
 MODELS_MAX = 8  # model names of one vLLM (--served-model-name takes several; a page with more is not one server's)
 
 
-def _page_models(reading: Reading | None) -> tuple[str, ...]:
-    """The model_name labels of vLLM's page (a vLLM whose command line is not visible)."""
-    if reading is None or not reading.ok:
-        return ()
-    names = {v for (name, labels) in reading.samples if name == "vllm:num_requests_running" for k, v in labels if k == "model_name"}
-    return tuple(sorted(names))[:MODELS_MAX]
+def _page_models(store: Store) -> tuple[str, ...]:
+    """The model_name labels of vLLM's newest page (a vLLM whose command line is not visible), from the store's index
+    by metric name: one family's series, not every sample of the page at every tick."""
+    latest = store.latest(VLLM_SOURCE)
+    frames = store.window(VLLM_SOURCE, latest.timestamp, latest.timestamp) if latest is not None and latest.ok else []
+    running = frames[-1].by_name.get("vllm:num_requests_running", ()) if frames else ()
+    return tuple(sorted({v for series in running for k, v in series.labels if k == "model_name"}))[:MODELS_MAX]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .discovery import Discovery
-from .model import PROCESS_SOURCE, VLLM_SOURCE, make_labels
+from .model import PROCESS_SOURCE, VLLM_SOURCE
 from .scope import AGGREGATE_SCOPE
 from .signals.vllm import VLLM_SIGNALS
 from .signals.window import ServerFacts, compute_signals, window
@@ -417,8 +417,7 @@ def _api_server(store: Store) -> tuple[int, float] | None:
     latest = store.latest(PROCESS_SOURCE)
     if latest is None or not latest.ok:
         return None
-    pid = latest.process_meta().get("api_server_pid")
-    started = latest.samples.get(("process_start_time_seconds", make_labels({"role": "api_server", "index": "0"})))
+    pid, started = latest.process_meta().get("api_server_pid"), latest.api_server_started()
     return None if pid is None or started is None else (int(pid), float(started))
 
 

@@ -202,6 +202,9 @@ def bucket_bound(le: str | None) -> float | None:
 TIMESTAMP_MAX = 1e10  # Unix seconds in 2286: a later stamp is a wrong one (at 1e17 adding a tick no longer moves a clock)
 
 
+API_SERVER_LABELS: Labels = (("index", "0"), ("role", "api_server"))  # the watched API server's (make_labels' order)
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one source saw at one moment. `ok=False` readings are kept: they are evidence too."""
@@ -258,6 +261,10 @@ class Reading:
 
     def process_meta(self) -> ProcessMeta:
         return cast(ProcessMeta, self.meta) if self.source == PROCESS_SOURCE else {}
+
+    def api_server_started(self) -> float | None:
+        """When the API server the process source watches started (Unix time); None where it watches none."""
+        return self.samples.get(("process_start_time_seconds", API_SERVER_LABELS)) if self.source == PROCESS_SOURCE else None
 
     def gpu_meta(self) -> GpuMeta:
         return cast(GpuMeta, self.meta) if self.source == GPU_SOURCE else {}

@@ -809,5 +809,6 @@ def test_vllms_default_max_num_seqs_is_the_one_it_takes_on_the_gpu_it_runs_on():
     assert "vLLM 0.26.0's default on a NVIDIA H100" in seen.max_num_seqs_text and "command line has no --max-num-seqs" in seen.max_num_seqs_text
     blind = discovered({"vllm", "gpu"})
     assert blind.max_num_seqs == 1024 and "command line is not visible" in blind.max_num_seqs_text
+    assert seen.served_models == blind.served_models == ("tiny",)  # its --served-model-name; without it, its page's model_name
     no_gpu = discovered({"vllm", "process"})
     assert no_gpu.max_num_seqs == 256 and "the sidecar has read no GPU" in no_gpu.max_num_seqs_text
